@@ -1,0 +1,278 @@
+"""PPO losses: the clipped policy objective, the value loss and PPO-Penalty (spec PG-*, VF-*, PEN-*)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+from ppo_ref._validate import check_finite_where, check_float, check_mask, check_real, compute_dtype
+from ppo_ref.masked import masked_sum
+
+__all__ = [
+    "LossAggregation",
+    "PenaltyLossResult",
+    "PolicyLossResult",
+    "aggregate_loss",
+    "policy_loss",
+    "ppo_penalty_loss",
+    "update_penalty_beta",
+    "value_loss",
+]
+
+LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAggregation)
+
+
+@dataclass(frozen=True)
+class PolicyLossResult:
+    """What :func:`policy_loss` returns. Every field is a 0-dim tensor; only ``loss`` has a graph.
+
+    Attributes:
+        loss: the PPO-Clip loss, to minimise; differentiable in ``logp``.
+        clipfrac: share of action tokens on the flat (clipped) branch of the objective.
+        ratio_outside_frac: share of action tokens with ``|ratio - 1| > clip_eps``.
+        approx_kl: masked mean of ``(ratio - 1) - log(ratio)``, an estimate of KL(π_old ‖ π).
+        ratio_mean: masked mean of the ratio.
+        ratio_max: largest ratio on an action token (0 for a batch without one).
+    """
+
+    loss: Tensor
+    clipfrac: Tensor
+    ratio_outside_frac: Tensor
+    approx_kl: Tensor
+    ratio_mean: Tensor
+    ratio_max: Tensor
+
+
+def _check_pair(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Validate (logp, old_logp, mask); return bool mask, sanitized log-ratio, count, zero."""
+    keep = check_mask(mask)
+    check_float(logp, "logp", shape=keep.shape)
+    check_float(old_logp, "old_logp", shape=keep.shape)
+    check_finite_where(logp, keep, "logp")
+    check_finite_where(old_logp, keep, "old_logp")
+    dtype = compute_dtype(logp, old_logp)
+    zero = torch.zeros((), dtype=dtype, device=keep.device)
+    # Sanitize before any arithmetic so a NaN in a masked-out slot cannot reach a gradient.
+    log_ratio = torch.where(keep, logp.to(dtype), zero) - torch.where(keep, old_logp.to(dtype), zero)
+    return keep, log_ratio, keep.sum(), zero
+
+
+def _checked_advantages(advantages: Tensor, keep: Tensor, dtype: torch.dtype) -> Tensor:
+    check_float(advantages, "advantages", shape=keep.shape)
+    check_finite_where(advantages, keep, "advantages")
+    return torch.where(keep, advantages.to(dtype), torch.zeros((), dtype=dtype, device=keep.device))
+
+
+def aggregate_loss(per_token: Tensor, mask: Tensor, loss_agg: str = "token-mean") -> Tensor:
+    r"""Reduce a (B, T) per-token loss to a scalar over the action tokens (spec PG-2).
+
+    ========================  ===========================================================
+    ``loss_agg``              result
+    ========================  ===========================================================
+    ``token-mean``            :math:`\sum_{b,t} m\,\ell / \sum_{b,t} m` (every action token
+                              of the batch weighs the same)
+    ``seq-mean-token-mean``   mean over rows of each row's token mean
+    ``seq-mean-token-sum``    mean over rows of each row's token sum
+    ========================  ===========================================================
+
+    Rows without an action token are left out of the row averages; a batch without any action
+    token gives 0 (still differentiable, with zero gradient). Masked-out entries are ignored.
+
+    Example (row a: 1 token with loss 1; row b: 9 tokens with loss 0)::
+
+        >>> loss = torch.zeros(2, 9); loss[0, 0] = 1.0
+        >>> mask = torch.ones(2, 9); mask[0, 1:] = 0
+        >>> aggregate_loss(loss, mask), aggregate_loss(loss, mask, "seq-mean-token-mean")
+        (tensor(0.1000), tensor(0.5000))
+    """
+    keep = check_mask(mask)
+    check_float(per_token, "per_token", shape=keep.shape)
+    check_finite_where(per_token, keep, "per_token")
+    if loss_agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"loss_agg: expected one of {LOSS_AGGREGATIONS}, got {loss_agg!r}")
+    return _aggregate(per_token, keep, loss_agg)
+
+
+def _aggregate(per_token: Tensor, keep: Tensor, loss_agg: str) -> Tensor:
+    if loss_agg == "token-mean":
+        return masked_sum(per_token, keep) / keep.sum().clamp(min=1)
+    row_tokens = keep.sum(dim=1)
+    row_sums = masked_sum(per_token, keep, dim=1)
+    row_values = row_sums / row_tokens.clamp(min=1) if loss_agg == "seq-mean-token-mean" else row_sums
+    rows = row_tokens > 0
+    return masked_sum(row_values, rows) / rows.sum().clamp(min=1)
+
+
+def policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float,
+    loss_agg: str = "token-mean",
+) -> PolicyLossResult:
+    r"""The PPO-Clip loss (Schulman et al. 2017, eq. 7) and its diagnostics (spec PG-1..6).
+
+    .. math:: \rho_t = e^{\log\pi(a_t) - \log\pi_{old}(a_t)}, \qquad
+              o_t = \min\big(\rho_t A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon) A_t\big),
+              \qquad \text{loss} = -\operatorname{aggregate}(o)
+
+    ===============  =======  ==============================================================
+    argument         shape    meaning
+    ===============  =======  ==============================================================
+    ``logp``         (B, T)   log-probs of the sampled tokens under the policy being trained
+    ``old_logp``     (B, T)   the same under the policy that sampled them (no gradient)
+    ``advantages``   (B, T)   advantage estimates (usually whitened GAE)
+    ``mask``         (B, T)   1 on action tokens
+    ``clip_eps``     > 0      ε
+    ``loss_agg``     str      ``token-mean`` (default), ``seq-mean-token-mean`` or
+                              ``seq-mean-token-sum``: see :func:`aggregate_loss`
+    ===============  =======  ==============================================================
+
+    Sign convention: the objective is maximised, so the loss is its negative. The gradient of
+    ``o_t`` with respect to ``logp_t`` is ``ρ_t A_t`` on the unclipped branch and 0 on the flat
+    one (A > 0 and ρ > 1 + ε, or A < 0 and ρ < 1 - ε). No dual clip is applied.
+
+    Diagnostics (detached, over action tokens): ``clipfrac`` is the share of tokens where the
+    clipped term is the smaller, ``clip(ρ)A < ρA`` (the flat branch); ``ratio_outside_frac`` the
+    share with ``|ρ - 1| > ε`` whatever the sign of A; ``approx_kl`` the masked mean of
+    ``(ρ - 1) - log ρ`` (k3 estimate of KL(π_old ‖ π)).
+
+    Example (ε = 0.2: the clip table of spec PG-1)::
+
+        >>> a = torch.tensor([[2.0, 2.0, 2.0, -2.0, -2.0]])
+        >>> ratio = torch.tensor([[1.4, 1.6, 0.6, 0.6, 1.4]])
+        >>> r = policy_loss(ratio.log(), torch.zeros(1, 5), a, torch.ones(1, 5), 0.2,
+        ...                 loss_agg="seq-mean-token-sum")
+        >>> r.loss  # -(2.4 + 2.4 + 1.2 - 1.6 - 2.8)
+        tensor(-1.6000)
+    """
+    keep, log_ratio, count, zero = _check_pair(logp, old_logp, mask)
+    eps = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
+    if loss_agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"loss_agg: expected one of {LOSS_AGGREGATIONS}, got {loss_agg!r}")
+    adv = _checked_advantages(advantages, keep, log_ratio.dtype)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv
+    objective = torch.minimum(unclipped, clipped)
+    loss = -_aggregate(objective, keep, loss_agg)
+    with torch.no_grad():
+        tokens = count.clamp(min=1)
+        on_flat_branch = keep & (clipped < unclipped)
+        outside = keep & ((ratio - 1.0).abs() > eps)
+        kl_terms = torch.expm1(log_ratio) - log_ratio
+        return PolicyLossResult(
+            loss=loss,
+            clipfrac=on_flat_branch.sum() / tokens,
+            ratio_outside_frac=outside.sum() / tokens,
+            approx_kl=masked_sum(kl_terms, keep) / tokens,
+            ratio_mean=masked_sum(ratio, keep) / tokens,
+            ratio_max=torch.where(keep, ratio, zero).amax() if ratio.numel() else zero,
+        )
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip_eps: float | None = None,
+) -> Tensor:
+    r"""The (optionally clipped) value loss, token-mean over the action tokens (spec VF-1, VF-2).
+
+    .. math:: V^{clip} = V_{old} + \operatorname{clip}(V - V_{old}, -c, c), \qquad
+              \text{loss} = \tfrac12 \operatorname{mean}_m\!\big(\max((V - R)^2, (V^{clip} - R)^2)\big)
+
+    and without clipping (``clip_eps=None``) :math:`\tfrac12 \operatorname{mean}_m((V - R)^2)`.
+    ``values`` (differentiable), ``old_values`` (the rollout's values) and ``returns`` (the GAE
+    targets) are (B, T); ``mask`` is (B, T); ``c = clip_eps`` is in reward units. Returns 0-dim; a
+    batch without action tokens gives 0.
+
+    Example (V_old = 5, V = 1, R = 10, c = 0.2: the unclipped branch is the larger)::
+
+        >>> value_loss(torch.tensor([[1.0]]), torch.tensor([[5.0]]), torch.tensor([[10.0]]),
+        ...            torch.ones(1, 1), clip_eps=0.2)
+        tensor(40.5000)
+    """
+    keep = check_mask(mask)
+    named = {"values": values, "old_values": old_values, "returns": returns}
+    for name, tensor in named.items():
+        check_float(tensor, name, shape=keep.shape)
+        check_finite_where(tensor, keep, name)
+    dtype = compute_dtype(*named.values())
+    zero = torch.zeros((), dtype=dtype, device=keep.device)
+    v, v_old, target = (torch.where(keep, t.to(dtype), zero) for t in named.values())
+    squared = (v - target) ** 2
+    if clip_eps is not None:
+        c = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
+        v_clipped = v_old + torch.clamp(v - v_old, -c, c)
+        squared = torch.maximum(squared, (v_clipped - target) ** 2)
+    return 0.5 * masked_sum(squared, keep) / keep.sum().clamp(min=1)
+
+
+@dataclass(frozen=True)
+class PenaltyLossResult:
+    """What :func:`ppo_penalty_loss` returns (0-dim tensors; only ``loss`` has a graph).
+
+    Attributes:
+        loss: the PPO-Penalty loss, to minimise.
+        kl: masked mean of the per-token k3 estimate of KL(π_old ‖ π), detached: feed it to
+            :func:`update_penalty_beta`.
+    """
+
+    loss: Tensor
+    kl: Tensor
+
+
+def ppo_penalty_loss(
+    logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, beta: float
+) -> PenaltyLossResult:
+    r"""PPO with an adaptive KL penalty instead of clipping (Schulman et al. 2017, eq. 8; PEN-1).
+
+    .. math:: \text{loss} = -\operatorname{mean}_m\!\big(\rho_t A_t - \beta\,k_t\big), \qquad
+              k_t = (\rho_t - 1) - \log\rho_t
+
+    :math:`k_t` is the k3 estimate of KL(π_old ‖ π) from tokens sampled from π_old (always >= 0,
+    gradient ``β (ρ - 1)`` in ``logp``). Shapes as in :func:`policy_loss`; ``beta`` >= 0;
+    token-mean over action tokens; 0 for a batch without action tokens.
+
+    Example (ρ = 2, A = 1, β = 0.5: -(2 - 0.5 (1 - log 2)))::
+
+        >>> ppo_penalty_loss(torch.tensor([[2.0]]).log(), torch.zeros(1, 1), torch.ones(1, 1),
+        ...                  torch.ones(1, 1), beta=0.5).loss
+        tensor(-1.8466)
+    """
+    keep, log_ratio, count, _ = _check_pair(logp, old_logp, mask)
+    weight = check_real(beta, "beta", low=0.0)
+    adv = _checked_advantages(advantages, keep, log_ratio.dtype)
+    ratio = torch.exp(log_ratio)
+    kl_terms = torch.expm1(log_ratio) - log_ratio
+    tokens = count.clamp(min=1)
+    loss = -masked_sum(ratio * adv - weight * kl_terms, keep) / tokens
+    return PenaltyLossResult(loss=loss, kl=(masked_sum(kl_terms, keep) / tokens).detach())
+
+
+def update_penalty_beta(beta: float, kl: float, target_kl: float) -> float:
+    r"""The adaptive-β rule of PPO-Penalty (Schulman et al. 2017, section 4; spec PEN-2).
+
+    Halve β when the measured KL is below ``target_kl / 1.5``, double it when above
+    ``1.5 * target_kl``, keep it otherwise.
+
+    Example::
+
+        >>> update_penalty_beta(1.0, kl=0.001, target_kl=0.01), update_penalty_beta(1.0, 0.02, 0.01)
+        (0.5, 2.0)
+    """
+    value = check_real(beta, "beta", low=0.0)
+    measured = check_real(kl, "kl")
+    target = check_real(target_kl, "target_kl", low=0.0, low_open=True)
+    if measured < target / 1.5:
+        return value / 2.0
+    if measured > target * 1.5:
+        return value * 2.0
+    return value

@@ -1,0 +1,117 @@
+"""Masked statistics: mean, variance and whitening over the action tokens of a batch.
+
+Spec clauses MASK-1 (mean), MASK-2 (variance), MASK-3 (whitening). Masked-out entries are never
+read arithmetically: they are replaced by 0 with ``torch.where`` before any sum, so a NaN or inf in
+a padded slot reaches neither the result nor a gradient (``x * mask`` would give ``0 * nan = nan``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ppo_ref._validate import check_bool, check_finite_where, check_float, check_mask
+
+__all__ = ["WHITEN_EPS", "masked_mean", "masked_sum", "masked_var", "masked_whiten"]
+
+WHITEN_EPS = 1e-8
+"""Added to the variance before the square root in :func:`masked_whiten`."""
+
+
+def _checked(x: Tensor, mask: Tensor, x_name: str = "x") -> tuple[Tensor, Tensor]:
+    keep = check_mask(mask, ndim=None)
+    check_float(x, x_name, shape=keep.shape)
+    check_finite_where(x, keep, x_name)
+    return x, keep
+
+
+def masked_sum(x: Tensor, keep: Tensor, dim: int | None = None) -> Tensor:
+    """Sum of the entries of ``x`` where the bool tensor ``keep`` is True; the others may hold NaN.
+
+    No validation: an internal building block for the checked functions.
+    """
+    zeroed = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return zeroed.sum() if dim is None else zeroed.sum(dim)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    r"""Mean of the masked-in entries of ``x`` (spec MASK-1).
+
+    .. math:: \operatorname{mean}_m(x) = \frac{\sum_i m_i x_i}{\sum_i m_i}
+              \quad\text{(0 when } \textstyle\sum_i m_i = 0\text{)}
+
+    ================  ==========  ============================================================
+    argument          shape       meaning
+    ================  ==========  ============================================================
+    ``x``             any         floating-point values; masked-out entries may be NaN or inf
+    ``mask``          ``x.shape`` bool or 0/1: 1 keeps the entry
+    ``dim``           int or None None: one mean over everything (0-dim result); an int: the
+                                  mean along that dimension (that dimension removed)
+    ================  ==========  ============================================================
+
+    An empty mask (or an empty slice along ``dim``) gives 0, never NaN.
+
+    Example::
+
+        >>> masked_mean(torch.tensor([[1.0, 2.0, float("nan")]]), torch.tensor([[1, 1, 0]]))
+        tensor(1.5000)
+    """
+    x, keep = _checked(x, mask)
+    if dim is not None and not -x.dim() <= dim < max(x.dim(), 1):
+        raise ValueError(f"dim: expected an int in [{-x.dim()}, {x.dim() - 1}], got {dim}")
+    total = masked_sum(x, keep, dim)
+    count = keep.sum() if dim is None else keep.sum(dim)
+    return total / count.clamp(min=1).to(total.dtype)
+
+
+def _mean_and_var(x: Tensor, keep: Tensor, unbiased: bool) -> tuple[Tensor, Tensor]:
+    count = int(keep.sum())
+    if count < 2:
+        raise ValueError(f"mask: expected at least 2 masked-in entries for a variance, got {count}")
+    mean = masked_sum(x, keep) / count
+    centered = torch.where(keep, x - mean, torch.zeros((), dtype=x.dtype, device=x.device))
+    var = (centered * centered).sum() / (count - 1 if unbiased else count)
+    return mean, var
+
+
+def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
+    r"""Variance of the masked-in entries of ``x`` (spec MASK-2).
+
+    .. math:: \operatorname{var}_m(x) = \frac{\sum_i m_i (x_i - \bar x)^2}{n - 1},\qquad
+              n = \textstyle\sum_i m_i,\ \bar x = \operatorname{mean}_m(x)
+
+    ``unbiased=False`` divides by ``n`` instead of ``n - 1``. ``x`` and ``mask`` have the same
+    shape (any); the result is 0-dim. Fewer than 2 masked-in entries is a ``ValueError``.
+
+    Example::
+
+        >>> masked_var(torch.tensor([1.0, 2.0, 3.0, 100.0]), torch.tensor([1, 1, 1, 0]))
+        tensor(1.)
+    """
+    x, keep = _checked(x, mask)
+    return _mean_and_var(x, keep, check_bool(unbiased, "unbiased"))[1]
+
+
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+    r"""Whiten the masked-in entries of ``x`` with their own mean and unbiased variance (MASK-3).
+
+    .. math:: w_i = \frac{x_i - \bar x}{\sqrt{\operatorname{var}_m(x) + 10^{-8}}}
+              \;(+\,\bar x \text{ if } \texttt{shift\_mean=False})
+
+    The statistics are taken over every masked-in entry of the whole tensor (for advantages: all
+    action tokens of the batch, never per row). ``shift_mean=False`` adds the mean back, so only
+    the scale changes (the convention for reward whitening). Masked-out entries of the result are
+    0. ``x`` and ``mask`` have the same shape; fewer than 2 masked-in entries is a ``ValueError``.
+
+    Example::
+
+        >>> masked_whiten(torch.tensor([1.0, 2.0, 3.0, 9.0]), torch.tensor([1, 1, 1, 0]))
+        tensor([-1.,  0.,  1.,  0.])
+    """
+    x, keep = _checked(x, mask)
+    shift_mean = check_bool(shift_mean, "shift_mean")
+    mean, var = _mean_and_var(x, keep, unbiased=True)
+    whitened = (x - mean) * torch.rsqrt(var + WHITEN_EPS)
+    if not shift_mean:
+        whitened = whitened + mean
+    return torch.where(keep, whitened, torch.zeros((), dtype=x.dtype, device=x.device))

@@ -1,0 +1,601 @@
+#!/usr/bin/env python3
+"""Create one isolated virtual environment per third-party PPO library under .envs/NAME.
+
+Each environment is built with ``python3 -m venv`` and pip only (never uv or poetry: they do
+not look at the CPU torch wheel on local disk and would download a multi-GB CUDA build), in
+this order:
+
+1. ``torch==2.13.0`` first (the CPU wheel on local disk; an unpinned torch pulls CUDA builds);
+2. the library and what its PPO modules import, with exact pins (see RECIPES below);
+3. ppo-ref itself, editable and without dependencies (``pip install --no-deps -e .``), then what
+   ppo-ref needs at test time (numpy, pytest, hypothesis);
+4. a check, in the environment's own interpreter, that torch is still the 2.13.0 CPU build and
+   that the modules an adapter uses import.
+
+Every pip call is given a constraints file (.envs/constraints.txt, ``torch==2.13.0``), also
+exported as PIP_CONSTRAINT so that pip subprocesses see it, so nothing can replace torch: a
+package that insists on another torch makes pip fail instead.
+
+An environment that exists, was built from the same recipe and passes its check is skipped
+(``--recreate`` rebuilds it). One that was built from the same recipe but fails its check is
+repaired in place (the pip steps are re-run; already-satisfied pins cost nothing). One built
+from another recipe, or left half-built, is deleted and rebuilt.
+
+Use an environment with its own interpreter, e.g. ``.envs/verl/bin/python -m pytest ...``;
+TRL needs ``TRL_EXPERIMENTAL_SILENCE=1`` in the environment (see ``Recipe.env``).
+Per-environment logs: .envs/logs/NAME.log; state and timings: .envs/NAME/ppo-ref-env.json;
+full package list: .envs/NAME/freeze.txt. docs/thirdparty-envs.md records pins, times, sizes
+and the signatures of the functions the adapters call.
+
+Exit status: 0 when every requested environment is ready, 1 otherwise (each failure names its
+environment), 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+ENVS_DIR = REPO / ".envs"
+LOG_DIR = ENVS_DIR / "logs"
+CONSTRAINTS = ENVS_DIR / "constraints.txt"
+STATE_FILE = "ppo-ref-env.json"
+
+TORCH_PIN = "torch==2.13.0"
+# What the 2.13.0 CPU wheel on disk reports as torch.__version__ (checked: "2.13.0+cpu").
+TORCH_EXPECTED_VERSION = "2.13.0+cpu"
+# Where this machine kind keeps the CPU wheel; pip also finds it through its find-links config.
+TORCH_WHEEL_GLOBS = ("/opt/wheels/torch-2.13.0+cpu-cp311-*.whl",)
+PYTHON_MAJOR_MINOR = (3, 11)  # the CPU wheel on disk is cp311
+
+# What ppo-ref needs besides torch when installed with --no-deps (its core imports only torch).
+PROJECT_EXTRAS = ("numpy", "pytest", "hypothesis")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    name: str
+    summary: str
+    # pip install argument lists, run in order after torch and before ppo-ref.
+    steps: tuple[tuple[str, ...], ...]
+    # Modules that must import (the ones an adapter uses).
+    imports: tuple[str, ...]
+    # Modules tried and reported, but allowed to fail (e.g. need import stubs).
+    probe_imports: tuple[str, ...] = ()
+    # Environment variables for the check (and for anyone using the env).
+    env: tuple[tuple[str, str], ...] = ()
+    # Distributions whose versions the check reports.
+    report: tuple[str, ...] = ()
+
+    def digest(self) -> str:
+        payload = json.dumps(
+            [TORCH_PIN, self.steps, PROJECT_EXTRAS, _constraints_text()], sort_keys=True
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+HF_STACK_REPORT = ("transformers", "accelerate", "datasets", "tokenizers", "safetensors")
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in [
+        Recipe(
+            name="trl",
+            summary="TRL 1.12.0, the last release with trl.experimental.ppo",
+            steps=(
+                # A normal install with dependencies: trl 1.12 declares accelerate>=1.4,
+                # datasets>=4.7, jinja2, packaging, transformers>=4.56.2; the pins below satisfy
+                # those and ppo-ref's transformers>=5.17,<6.
+                (
+                    "trl==1.12.0",
+                    "transformers==5.24.0",
+                    "accelerate==1.15.0",
+                    "datasets==5.2.0",
+                ),
+            ),
+            imports=("trl", "trl.trainer.utils", "trl.experimental.ppo.ppo_trainer"),
+            env=(("TRL_EXPERIMENTAL_SILENCE", "1"),),
+            report=("trl", *HF_STACK_REPORT, "pandas", "pyarrow"),
+        ),
+        Recipe(
+            name="verl",
+            summary="verl 0.9.1 without its declared dependencies (they would pull vllm/CUDA)",
+            steps=(
+                ("--no-deps", "verl==0.9.1"),
+                # tensordict 0.14 instead of verl's declared <=0.10 (as measured in the research);
+                # transformers inside verl's declared range >=5.5.3,<5.11.
+                (
+                    "tensordict==0.14.3",
+                    "omegaconf==2.3.1",
+                    "ray==2.51.1",
+                    "codetiming==1.4.0",
+                    "transformers==5.10.4",
+                ),
+            ),
+            imports=("verl", "verl.trainer.ppo.core_algos", "verl.utils.torch_functional"),
+            report=("verl", "tensordict", "omegaconf", "ray", "codetiming", *HF_STACK_REPORT),
+        ),
+        Recipe(
+            name="openrlhf",
+            summary="OpenRLHF 0.11.2 without flash-attn/vllm (no CUDA); deepspeed built here",
+            steps=(
+                ("--no-deps", "openrlhf==0.11.2"),
+                # deepspeed's setup.py imports torch, so it must see the env's torch.
+                ("setuptools<81", "wheel"),
+                ("--no-build-isolation", "deepspeed==0.19.6"),
+                (
+                    "peft==0.21.2",
+                    "einops==0.8.2",
+                    "pylatexenc==2.11",
+                    "torchdata==0.11.0",
+                    "aiohttp==3.14.5",
+                    "transformers==5.15.0",
+                    "accelerate==1.15.0",
+                    "datasets==5.2.0",
+                ),
+            ),
+            imports=("openrlhf", "deepspeed"),
+            # These import flash_attn / vllm at top level: they need the adapter's import stubs.
+            probe_imports=(
+                "openrlhf.models.loss",
+                "openrlhf.models.utils",
+                "openrlhf.trainer.ppo_utils.experience_maker",
+            ),
+            report=("openrlhf", "deepspeed", "peft", "einops", "torchdata", *HF_STACK_REPORT),
+        ),
+        Recipe(
+            name="torchrl",
+            summary="TorchRL 0.14.1",
+            steps=(("torchrl==0.14.1",),),
+            imports=("torchrl", "torchrl.objectives", "torchrl.objectives.value.functional"),
+            report=("torchrl", "tensordict"),
+        ),
+        Recipe(
+            name="sb3",
+            summary="Stable-Baselines3 2.9.2",
+            steps=(("stable-baselines3==2.9.2",),),
+            imports=("stable_baselines3", "stable_baselines3.common.buffers"),
+            report=("stable-baselines3", "gymnasium"),
+        ),
+        Recipe(
+            name="skyrl",
+            summary="skyrl-train 0.3.1 (declares Python ==3.12.*, imports on 3.11)",
+            steps=(
+                ("--no-deps", "--ignore-requires-python", "skyrl-train==0.3.1"),
+                ("jaxtyping==0.3.11", "loguru==0.7.3", "ray==2.51.1"),
+            ),
+            imports=("skyrl_train", "skyrl_train.utils.ppo_utils"),
+            report=("skyrl-train", "jaxtyping", "loguru", "ray", *HF_STACK_REPORT),
+        ),
+    ]
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _constraints_text() -> str:
+    return f"# written by tools/thirdparty_envs.py: nothing may replace the CPU torch\n{TORCH_PIN}\n"
+
+
+def _fmt_secs(s: float) -> str:
+    return f"{s:6.1f}s" if s < 120 else f"{s / 60:5.1f}min"
+
+
+def _du(path: Path) -> int:
+    """Disk usage in bytes, as ``du -sk`` counts it (what ``du -sh`` prints)."""
+    try:
+        out = subprocess.run(["du", "-sk", str(path)], capture_output=True, text=True, check=True)
+        return int(out.stdout.split()[0]) * 1024
+    except (OSError, subprocess.CalledProcessError, ValueError, IndexError):
+        total = 0
+        for root, _dirs, files in os.walk(path):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(root, f)).st_blocks * 512
+                except OSError:
+                    pass
+        return total
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "K", "M", "G"):
+        if n < 1024 or unit == "G":
+            return f"{n:.0f}{unit}" if unit in ("B", "K") else f"{n:.1f}{unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+class EnvFailure(Exception):
+    pass
+
+
+class Builder:
+    def __init__(self, recipe: Recipe, python: str, verbose: bool, with_project: bool) -> None:
+        self.r = recipe
+        self.python = python
+        self.verbose = verbose
+        self.with_project = with_project
+        self.dir = ENVS_DIR / recipe.name
+        self.py = self.dir / "bin" / "python"
+        self.log = LOG_DIR / f"{recipe.name}.log"
+        self.step_times: dict[str, float] = {}
+
+    # -- output -------------------------------------------------------------------------------
+    def say(self, msg: str) -> None:
+        print(f"[{self.r.name}] {msg}", flush=True)
+
+    def _subenv(self) -> dict[str, str]:
+        env = dict(os.environ)
+        for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "CONDA_PREFIX", "PIP_REQUIRE_VIRTUALENV"):
+            env.pop(var, None)
+        env["PYTHONNOUSERSITE"] = "1"
+        env["PIP_CONSTRAINT"] = str(CONSTRAINTS)
+        env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        env["VIRTUAL_ENV"] = str(self.dir)
+        env["PATH"] = f"{self.dir / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+        env.update(dict(self.r.env))
+        return env
+
+    def run(self, label: str, cmd: list[str], *, cwd: Path | None = None) -> None:
+        t0 = time.monotonic()
+        with self.log.open("a") as log:
+            log.write(f"\n$ {' '.join(cmd)}\n")
+            log.flush()
+            if self.verbose:
+                proc = subprocess.Popen(
+                    cmd, cwd=cwd or REPO, env=self._subenv(), stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT, text=True,
+                )
+                assert proc.stdout is not None
+                for line in proc.stdout:
+                    log.write(line)
+                    sys.stdout.write(f"    {line}")
+                rc = proc.wait()
+            else:
+                rc = subprocess.call(
+                    cmd, cwd=cwd or REPO, env=self._subenv(), stdout=log, stderr=subprocess.STDOUT
+                )
+        dt = time.monotonic() - t0
+        self.step_times[label] = self.step_times.get(label, 0.0) + dt
+        self.say(f"{'ok ' if rc == 0 else 'FAILED'} {_fmt_secs(dt)}  {label}")
+        if rc != 0:
+            tail = self.log.read_text(errors="replace").splitlines()[-25:]
+            raise EnvFailure(
+                f"step '{label}' exited {rc}; last lines of {self.log}:\n"
+                + textwrap.indent("\n".join(tail), "    ")
+            )
+
+    def pip(self, label: str, *args: str) -> None:
+        self.run(label, [str(self.py), "-m", "pip", "install", "-c", str(CONSTRAINTS), *args])
+
+    # -- state --------------------------------------------------------------------------------
+    def state(self) -> dict | None:
+        try:
+            return json.loads((self.dir / STATE_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def write_state(self, check: dict, seconds: float) -> None:
+        state = {
+            "name": self.r.name,
+            "recipe_digest": self.r.digest(),
+            "steps": [list(s) for s in self.r.steps],
+            "torch": check.get("torch"),
+            "install_seconds": round(seconds, 1),
+            "step_seconds": {k: round(v, 1) for k, v in self.step_times.items()},
+            "size_bytes": _du(self.dir),
+            "versions": check.get("versions"),
+            "imports": check.get("imports"),
+            "probe_imports": check.get("probe_imports"),
+            "project": check.get("project"),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+        (self.dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+    # -- check --------------------------------------------------------------------------------
+    def check(self) -> dict:
+        """Run the check inside the env; return its report (raises EnvFailure if it cannot run)."""
+        project = project_info()
+        probe = {
+            "expected_torch": TORCH_EXPECTED_VERSION,
+            "imports": list(self.r.imports),
+            "probe_imports": list(self.r.probe_imports),
+            "report": list(self.r.report),
+            "project": project,
+        }
+        code = CHECK_SCRIPT.replace("@@PROBE@@", json.dumps(probe))
+        proc = subprocess.run(
+            [str(self.py), "-c", code], cwd="/", env=self._subenv(), capture_output=True, text=True,
+            timeout=600,
+        )
+        with self.log.open("a") as log:
+            log.write(f"\n$ check\n{proc.stderr[-4000:]}\n{proc.stdout}\n")
+        try:
+            out = json.loads(proc.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError) as exc:
+            raise EnvFailure(
+                f"check could not run (exit {proc.returncode}):\n"
+                + textwrap.indent(proc.stderr[-2000:], "    ")
+            ) from exc
+        return out
+
+    @staticmethod
+    def problems(check: dict, with_project: bool) -> list[str]:
+        bad = []
+        t = check.get("torch") or {}
+        if t.get("version") != TORCH_EXPECTED_VERSION or t.get("cuda") is not None:
+            bad.append(
+                f"torch was replaced: found {t.get('version')!r} (cuda={t.get('cuda')!r}) at "
+                f"{t.get('file')}, expected {TORCH_EXPECTED_VERSION!r} (CPU build)"
+            )
+        for mod, res in (check.get("imports") or {}).items():
+            if res != "ok":
+                bad.append(f"import {mod} failed: {res}")
+        proj = check.get("project") or {}
+        if with_project and proj.get("expected") and not proj.get("ok"):
+            bad.append(f"ppo-ref project not installed editable from {REPO}: {proj.get('detail')}")
+        return bad
+
+    # -- build --------------------------------------------------------------------------------
+    def ensure(self, recreate: bool, check_only: bool) -> dict:
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        t_start = time.monotonic()
+        state = self.state()
+        exists = self.py.exists()
+
+        if exists and not recreate:
+            same_recipe = bool(state) and state.get("recipe_digest") == self.r.digest()
+            if same_recipe:
+                check = self.check()
+                bad = self.problems(check, self.with_project)
+                if not bad:
+                    self.say("up to date, check passed; skipped (use --recreate to rebuild)")
+                    return {"status": "skipped", "check": check, "state": state}
+                if check_only:
+                    raise EnvFailure("check failed:\n  " + "\n  ".join(bad))
+                self.say("check failed, repairing in place:\n  " + "\n  ".join(bad))
+                return self._build(t_start, fresh=False)
+            if check_only:
+                raise EnvFailure("environment was built from another recipe or not finished")
+            self.say("built from another recipe or left half-built: recreating")
+            recreate = True
+        elif check_only:
+            raise EnvFailure(f"environment {self.dir} does not exist")
+
+        if recreate and self.dir.exists():
+            shutil.rmtree(self.dir)
+        return self._build(t_start, fresh=True)
+
+    def _build(self, t_start: float, fresh: bool) -> dict:
+        if fresh:
+            self.log.write_text(f"# {self.r.name}: build started {time.ctime()}\n")
+            self.run("venv", [self.python, "-m", "venv", str(self.dir)])
+        # 1. torch first, from the wheel on disk when it is there.
+        wheel = find_torch_wheel()
+        if wheel is None:
+            self.say(
+                "WARNING: no torch-2.13.0+cpu wheel found in "
+                f"{', '.join(TORCH_WHEEL_GLOBS)}; asking pip for {TORCH_PIN} (may be a CUDA build)"
+            )
+        self.pip("torch", str(wheel) if wheel else TORCH_PIN)
+        # 2. the library, exactly pinned.
+        for i, step in enumerate(self.r.steps, 1):
+            self.pip(f"step {i}: {' '.join(step)}", *step)
+        # 3. ppo-ref itself, editable without deps, then what it needs.
+        project_error = None
+        if self.with_project:
+            if project_installable():
+                self.pip("ppo-ref editable (--no-deps)", "--no-deps", "-e", str(REPO))
+            else:
+                project_error = (
+                    f"cannot install ppo-ref: neither {REPO / 'pyproject.toml'} nor "
+                    f"{REPO / 'setup.py'} exists (rerun once the project has one, or pass "
+                    "--no-project)"
+                )
+                self.say(f"ERROR: {project_error}")
+            self.pip("ppo-ref needs: " + " ".join(PROJECT_EXTRAS), *PROJECT_EXTRAS)
+        # 4. record and check.
+        with (self.dir / "freeze.txt").open("w") as fh:
+            subprocess.run([str(self.py), "-m", "pip", "freeze", "--all"], env=self._subenv(),
+                           stdout=fh, stderr=subprocess.DEVNULL, check=False)
+        pip_check = subprocess.run([str(self.py), "-m", "pip", "check"], env=self._subenv(),
+                                   capture_output=True, text=True)
+        (self.dir / "pip-check.txt").write_text(pip_check.stdout + pip_check.stderr)
+        t0 = time.monotonic()
+        check = self.check()
+        self.step_times["check"] = time.monotonic() - t0
+        bad = self.problems(check, self.with_project)
+        if project_error:
+            bad.append(project_error)
+        seconds = time.monotonic() - t_start
+        if bad:
+            raise EnvFailure("check failed after install:\n  " + "\n  ".join(bad))
+        self.write_state(check, seconds)
+        self.say(f"check passed ({_fmt_secs(self.step_times['check']).strip()})")
+        return {"status": "built" if fresh else "repaired", "check": check, "state": self.state()}
+
+
+CHECK_SCRIPT = r"""
+import importlib, importlib.metadata as md, json, os, sys, traceback
+probe = json.loads('''@@PROBE@@''')
+out = {"python": sys.version.split()[0], "imports": {}, "probe_imports": {}, "versions": {}}
+try:
+    import torch
+    out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda, "file": torch.__file__}
+except Exception as exc:
+    out["torch"] = {"version": None, "cuda": None, "file": repr(exc)}
+for key in ("imports", "probe_imports"):
+    for mod in probe[key]:
+        try:
+            importlib.import_module(mod)
+            out[key][mod] = "ok"
+        except BaseException as exc:
+            out[key][mod] = f"{type(exc).__name__}: {exc}"[:400]
+for dist in probe["report"]:
+    try:
+        out["versions"][dist] = md.version(dist)
+    except md.PackageNotFoundError:
+        out["versions"][dist] = None
+proj = probe["project"]
+info = {"expected": bool(proj["name"]), "ok": False, "detail": ""}
+if proj["name"]:
+    try:
+        d = md.distribution(proj["name"])
+        info["version"] = d.version
+        direct = json.loads(d.read_text("direct_url.json") or "{}")
+        editable = direct.get("dir_info", {}).get("editable", False)
+        url = direct.get("url", "")
+        info["ok"] = bool(editable) and url.rstrip("/").endswith(proj["root"].rstrip("/"))
+        info["detail"] = f"editable={editable} url={url}"
+        if info["ok"] and proj.get("module"):
+            try:
+                m = importlib.import_module(proj["module"])
+                info["module_file"] = getattr(m, "__file__", None)
+            except BaseException as exc:
+                info["ok"] = False
+                info["detail"] += f"; import {proj['module']} failed: {type(exc).__name__}: {exc}"
+    except md.PackageNotFoundError:
+        info["detail"] = f"distribution {proj['name']!r} not installed"
+out["project"] = info
+print(json.dumps(out))
+"""
+
+
+def project_installable() -> bool:
+    return (REPO / "pyproject.toml").exists() or (REPO / "setup.py").exists()
+
+
+def project_info() -> dict:
+    """Name and import package of ppo-ref, read from its pyproject.toml (if it has one yet)."""
+    name = None
+    pyproject = REPO / "pyproject.toml"
+    if pyproject.exists():
+        try:
+            import tomllib
+
+            name = tomllib.loads(pyproject.read_text()).get("project", {}).get("name")
+        except Exception:
+            name = None
+    if name is None and (REPO / "setup.py").exists():
+        name = "ppo-ref"
+    module = "ppo_ref" if (REPO / "ppo_ref" / "__init__.py").exists() else None
+    return {"name": name, "root": REPO.as_uri(), "module": module}
+
+
+def find_torch_wheel() -> Path | None:
+    for pattern in TORCH_WHEEL_GLOBS:
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return Path(hits[-1])
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python tools/thirdparty_envs.py",
+        description=__doc__.split("\n\n")[0] + "\n\n" + "\n".join(
+            f"  {r.name:9s} {r.summary}" for r in RECIPES.values()
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Details: docs/thirdparty-envs.md. Logs: .envs/logs/NAME.log.",
+    )
+    parser.add_argument("names", nargs="*", metavar="NAME",
+                        help=f"environments to build (default: all of {', '.join(RECIPES)})")
+    parser.add_argument("--recreate", action="store_true",
+                        help="delete and rebuild the environments even if they pass their check")
+    parser.add_argument("--check", action="store_true",
+                        help="only check the existing environments; build nothing")
+    parser.add_argument("--no-project", action="store_true",
+                        help="do not install ppo-ref itself into the environments")
+    parser.add_argument("--python", default="python3",
+                        help="interpreter that creates the venvs (default: python3; must be 3.11)")
+    parser.add_argument("--list", action="store_true", help="print the recipes and exit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="stream pip's output")
+    args = parser.parse_args(argv)
+
+    unknown = [n for n in args.names if n not in RECIPES]
+    if unknown:
+        parser.error(f"unknown environment(s) {', '.join(unknown)}; known: {', '.join(RECIPES)}")
+    names = args.names or list(RECIPES)
+
+    if args.list:
+        for n in names:
+            r = RECIPES[n]
+            print(f"{n}: {r.summary}")
+            print(f"  pip install {TORCH_PIN}")
+            for s in r.steps:
+                print(f"  pip install {' '.join(s)}")
+            print(f"  pip install --no-deps -e .; pip install {' '.join(PROJECT_EXTRAS)}")
+            print(f"  check imports: {', '.join(r.imports)}")
+            if r.probe_imports:
+                print(f"  probe imports: {', '.join(r.probe_imports)}")
+            for k, v in r.env:
+                print(f"  env: {k}={v}")
+        return 0
+
+    if not args.check:
+        try:
+            ver = subprocess.run(
+                [args.python, "-c", "import sys; print('%d %d' % sys.version_info[:2])"],
+                capture_output=True, text=True, check=True,
+            ).stdout.split()
+        except (OSError, subprocess.CalledProcessError) as exc:
+            print(f"error: cannot run {args.python}: {exc}", file=sys.stderr)
+            return 2
+        if tuple(map(int, ver)) != PYTHON_MAJOR_MINOR:
+            print(f"error: {args.python} is Python {'.'.join(ver)}; the torch CPU wheel needs "
+                  f"{'.'.join(map(str, PYTHON_MAJOR_MINOR))}", file=sys.stderr)
+            return 2
+
+    ENVS_DIR.mkdir(exist_ok=True)
+    if not CONSTRAINTS.exists() or CONSTRAINTS.read_text() != _constraints_text():
+        CONSTRAINTS.write_text(_constraints_text())
+
+    results: dict[str, tuple[str, float, str]] = {}
+    failed: list[str] = []
+    for n in names:
+        b = Builder(RECIPES[n], args.python, args.verbose, with_project=not args.no_project)
+        t0 = time.monotonic()
+        try:
+            res = b.ensure(recreate=args.recreate, check_only=args.check)
+            status = res["status"]
+            probes = (res.get("check") or {}).get("probe_imports") or {}
+            for mod, r in probes.items():
+                if r != "ok":
+                    b.say(f"note: {mod} does not import here ({r.splitlines()[0][:160]})")
+        except EnvFailure as exc:
+            status = "FAILED"
+            failed.append(n)
+            print(f"[{n}] ERROR in environment '{n}' ({b.dir}): {exc}", file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            print(f"[{n}] interrupted; the half-built env will be rebuilt next time", file=sys.stderr)
+            return 1
+        dt = time.monotonic() - t0
+        size = _human(_du(b.dir)) if b.dir.exists() else "-"
+        results[n] = (status, dt, size)
+        b.say(f"{status} in {_fmt_secs(dt).strip()}, size {size}")
+
+    print("\nenvironment  status     time      size")
+    for n, (status, dt, size) in results.items():
+        print(f"{n:12s} {status:9s} {_fmt_secs(dt):>9s} {size:>7s}")
+    if failed:
+        print(f"\nFAILED: {', '.join(failed)} (logs in {LOG_DIR})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -44,15 +44,22 @@ def check_mask(mask: object, name: str = "mask", ndim: int | None = 2) -> Tensor
 
 
 def check_float(
-    x: object, name: str, shape: tuple[int, ...] | torch.Size | None = None, ndim: int | None = None
+    x: object,
+    name: str,
+    shape: tuple[int, ...] | torch.Size | None = None,
+    ndim: int | None = None,
+    like: str = "mask",
 ) -> Tensor:
-    """Check that ``x`` is a floating-point tensor of the given shape (or rank)."""
+    """Check that ``x`` is a floating-point tensor of the given shape (or rank).
+
+    ``like`` names what the expected shape comes from, for the error message.
+    """
     if not isinstance(x, Tensor):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise ValueError(f"{name}: expected a floating-point tensor, got dtype {x.dtype}")
     if shape is not None and tuple(x.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)} (same as mask), got {_shape(x)}")
+        raise ValueError(f"{name}: expected shape {tuple(shape)} (same as {like}), got {_shape(x)}")
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {_shape(x)}")
     return x
@@ -99,7 +106,7 @@ def check_bool(value: object, name: str) -> bool:
 
 def check_rows(x: object, name: str, rows: int) -> Tensor:
     """Check a per-row vector: floating point, shape (B,), all finite."""
-    tensor = check_float(x, name, shape=(rows,))
+    tensor = check_float(x, name, shape=(rows,), like="one value per row of mask")
     check_finite_where(tensor, None, name)
     return tensor
 

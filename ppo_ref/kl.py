@@ -64,7 +64,7 @@ def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k1", mask: Tens
         tensor([[ 0.5878, -1.6094]])
     """
     check_float(logp, "logp", ndim=2)
-    check_float(ref_logp, "ref_logp", shape=logp.shape)
+    check_float(ref_logp, "ref_logp", shape=logp.shape, like="logp")
     if estimator not in KL_ESTIMATORS:
         raise ValueError(f"estimator: expected one of {KL_ESTIMATORS}, got {estimator!r}")
     keep = None if mask is None else check_mask(mask)

@@ -22,7 +22,9 @@ def _checked(x: Tensor, mask: Tensor, x_name: str = "x") -> tuple[Tensor, Tensor
     keep = check_mask(mask, ndim=None)
     check_float(x, x_name, shape=keep.shape)
     check_finite_where(x, keep, x_name)
-    return x, keep
+    # Zero the masked-out entries before any arithmetic: a product such as (x - mean) * scale would
+    # otherwise send 0 * inf = NaN into the gradient of every masked-in entry.
+    return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)), keep
 
 
 def masked_sum(x: Tensor, keep: Tensor, dim: int | None = None) -> Tensor:

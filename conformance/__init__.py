@@ -1,0 +1,1 @@
+"""The conformance suite: ppo-ref's specification (``spec/``) run against any PPO implementation."""

@@ -129,6 +129,8 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     target = returns.to(dtype)
     _, var_returns = _mean_and_var(target, keep, unbiased=True)
     _, var_error = _mean_and_var(target - values.to(dtype), keep, unbiased=True)
-    if float(var_returns) == 0.0:
+    kept_returns = target.detach()[keep]
+    if bool(kept_returns.max() == kept_returns.min()):
+        # Var[R] is exactly 0 (a rounded variance of equal values may not be): undefined.
         return torch.full((), float("nan"), dtype=dtype, device=keep.device)
     return 1.0 - var_error / var_returns

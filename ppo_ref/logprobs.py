@@ -61,7 +61,12 @@ def token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float = 1.0) 
         tensor([[-0.6931, -0.1269]])
     """
     check_float(logits, "logits", ndim=3)
-    if not isinstance(input_ids, Tensor) or input_ids.is_floating_point() or input_ids.is_complex():
+    if (
+        not isinstance(input_ids, Tensor)
+        or input_ids.is_floating_point()
+        or input_ids.is_complex()
+        or input_ids.dtype == torch.bool
+    ):
         raise ValueError("input_ids: expected an integer torch.Tensor of shape (B, L)")
     batch, length, vocab = logits.shape
     if tuple(input_ids.shape) != (batch, length):
@@ -84,7 +89,7 @@ def _token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> Te
     dtype = compute_dtype(logits)
     batch, length, vocab = logits.shape
     flat_logits = logits[:, :-1].reshape(-1, vocab)
-    flat_targets = input_ids[:, 1:].reshape(-1, 1)
+    flat_targets = input_ids[:, 1:].reshape(-1, 1).long()
     pieces = []
     for rows in _row_chunks(flat_logits.shape[0], vocab):
         chunk = flat_logits[rows].to(dtype)
@@ -93,8 +98,8 @@ def _token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> Te
         lse = torch.logsumexp(chunk, dim=-1)
         _check_logsumexp(lse, "logits")
         pieces.append(chunk.gather(-1, flat_targets[rows]).squeeze(-1) - lse)
-    if not pieces:
-        return torch.zeros(batch, length - 1, dtype=dtype, device=logits.device)
+    if not pieces:  # L == 1: nothing to score; an empty result that is still part of the graph
+        return logits[:, :0, 0].to(dtype)
     return torch.cat(pieces).view(batch, length - 1)
 
 
@@ -129,6 +134,6 @@ def entropy(logits: Tensor) -> Tensor:
         # A banned token (-inf logit) has p = 0; p * z would be 0 * -inf = NaN, also in backward.
         finite_logits = torch.where(probs > 0, chunk, zero)
         pieces.append(lse.squeeze(-1) - (probs * finite_logits).sum(-1))
-    if not pieces:
-        return torch.zeros(batch, steps, dtype=dtype, device=logits.device)
+    if not pieces:  # no position: an empty result that is still part of the graph
+        return logits[..., 0].to(dtype)
     return torch.cat(pieces).view(batch, steps)

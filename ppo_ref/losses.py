@@ -168,8 +168,8 @@ def policy_loss(
         kl_terms = torch.expm1(log_ratio) - log_ratio
         return PolicyLossResult(
             loss=loss,
-            clipfrac=on_flat_branch.sum() / tokens,
-            ratio_outside_frac=outside.sum() / tokens,
+            clipfrac=on_flat_branch.sum().to(ratio.dtype) / tokens,
+            ratio_outside_frac=outside.sum().to(ratio.dtype) / tokens,
             approx_kl=masked_sum(kl_terms, keep) / tokens,
             ratio_mean=masked_sum(ratio, keep) / tokens,
             ratio_max=torch.where(keep, ratio, zero).amax() if ratio.numel() else zero,

@@ -59,7 +59,9 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
         tensor(1.5000)
     """
     x, keep = _checked(x, mask)
-    if dim is not None and not -x.dim() <= dim < max(x.dim(), 1):
+    if dim is not None and (
+        isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < max(x.dim(), 1)
+    ):
         raise ValueError(f"dim: expected an int in [{-x.dim()}, {x.dim() - 1}], got {dim}")
     total = masked_sum(x, keep, dim)
     count = keep.sum() if dim is None else keep.sum(dim)

@@ -1,0 +1,173 @@
+"""pytest wiring of the conformance suite: ``pytest conformance/ --impl=NAME``.
+
+Options (registered here, so give ``conformance/`` or a file in it on the command line):
+
+- ``--impl=NAME``: the implementation under test, resolved by ``ppo_ref.adapters.get_adapter``
+  (``mine``, a built-in third-party name, an entry point of group ``ppo_ref.adapters``, or an
+  importable ``module:attribute``). Default: the environment variable ``PPO_REF_IMPL``, else ``mine``.
+- ``--conformance-examples=N``: Hypothesis examples per property (environment variable
+  ``PPO_REF_CONFORMANCE_EXAMPLES``; default a third of the profile's ``max_examples``).
+- ``--conformance-report=PATH``: write ``PATH.json`` and ``PATH.md`` (a trailing ``.json`` or
+  ``.md`` on PATH is dropped first, so PATH is a stem).
+- Hypothesis profiles come from ``conformance.strategies.register_profiles``: ``default``
+  (derandomized, no example database) or ``thorough``, chosen with Hypothesis' own
+  ``--hypothesis-profile=NAME`` or the environment variable ``HYPOTHESIS_PROFILE``.
+
+Markers: ``clause(*ids)`` ties a test to spec clauses (the report's rows), ``ops(*names)`` names the
+adapter ops it calls (skipped as "not provided" when the adapter does not list one), and
+``needs(*capabilities)`` names declared capabilities (``kl_estimator:k2``, ``loss_agg:token-mean``,
+``value_clip:clipped``, ``gae_bootstrap``) that the adapter's conventions may exclude.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import pytest
+
+from conformance.report import ConformanceRecorder
+from conformance.strategies import register_profiles
+from conformance.support import Context, configure_examples
+from ppo_ref.adapters import (
+    AdapterLoadError,
+    ConventionSet,
+    ReferenceVariant,
+    UnknownAdapterError,
+    contract_problems,
+    convention_problems,
+    get_adapter,
+    parse_conventions,
+)
+from ppo_ref.adapters.conventions import CONVENTIONS, describe
+
+# Registered at import, before Hypothesis' plugin reads --hypothesis-profile in pytest_configure.
+register_profiles()
+
+CONTEXT_KEY = pytest.StashKey[Context]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ppo-ref conformance")
+    group.addoption(
+        "--impl",
+        default=os.environ.get("PPO_REF_IMPL", "mine"),
+        help="implementation under test: mine (default; env PPO_REF_IMPL), trl, verl, openrlhf, torchrl, "
+        "sb3, skyrl, an entry point of group ppo_ref.adapters, or module:attribute",
+    )
+    group.addoption(
+        "--conformance-examples",
+        type=int,
+        default=int(os.environ["PPO_REF_CONFORMANCE_EXAMPLES"])
+        if "PPO_REF_CONFORMANCE_EXAMPLES" in os.environ
+        else None,
+        metavar="N",
+        help="Hypothesis examples per property (env PPO_REF_CONFORMANCE_EXAMPLES; default: a third of the "
+        "profile's max_examples, i.e. 20 under 'default' and 333 under 'thorough')",
+    )
+    group.addoption(
+        "--conformance-report",
+        default=None,
+        metavar="PATH",
+        help="write the clause-by-clause report to PATH.json and PATH.md (PATH is a stem)",
+    )
+
+
+def _declared_conventions(adapter: object) -> ConventionSet:
+    """The valid part of the adapter's conventions (invalid keys fail the contract test instead)."""
+    declared = getattr(adapter, "conventions", None)
+    if not isinstance(declared, Mapping):
+        return ConventionSet()
+    valid = {k: v for k, v in declared.items() if not convention_problems({k: v})}
+    return parse_conventions(valid)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "clause(*ids): the spec clauses (e.g. GAE-2) a test exercises")
+    config.addinivalue_line("markers", "ops(*names): the adapter ops a conformance test calls")
+    config.addinivalue_line(
+        "markers",
+        "needs(*capabilities): declared capabilities a conformance test needs (kl_estimator:k2, ...)",
+    )
+    configure_examples(config.getoption("--conformance-examples"))
+    impl = config.getoption("--impl")
+    try:
+        adapter = get_adapter(impl)
+    except (UnknownAdapterError, AdapterLoadError) as error:
+        raise pytest.UsageError(f"--impl={impl}: {error}") from error
+    conventions = _declared_conventions(adapter)
+    context = Context(adapter, impl, conventions, ReferenceVariant(conventions))
+    config.stash[CONTEXT_KEY] = context
+    recorder = ConformanceRecorder(
+        context, config.getoption("--conformance-report"), config.invocation_params.args
+    )
+    config.pluginmanager.register(recorder, "ppo-ref-conformance-recorder")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    context = config.stash.get(CONTEXT_KEY, None)
+    if context is None:
+        return []
+    adapter = context.adapter
+    deviations = context.conventions.deviations()
+    declared = (
+        ", ".join(f"{k}={describe(v)}" for k, v in deviations.items()) or "none (reference conventions)"
+    )
+    problems = contract_problems(adapter) + convention_problems(getattr(adapter, "conventions", None))
+    lines = [
+        f"ppo-ref conformance: --impl={context.impl} -> {getattr(adapter, 'name', '?')} "
+        f"{getattr(adapter, 'version', '?')}",
+        f"  provenance: {getattr(adapter, 'provenance', '?')}",
+        f"  ops: {', '.join(sorted(getattr(adapter, 'ops', ()) or ())) or 'none'}",
+        f"  declared conventions: {declared}",
+    ]
+    if problems:
+        lines.append(f"  ADAPTER CONTRACT PROBLEMS: {'; '.join(problems)}")
+    return lines
+
+
+def _missing_capability(context: Context, capability: str) -> str | None:
+    """Why the adapter's declared conventions exclude ``capability`` (None if they do not)."""
+    c = context.conventions
+    kind, _, value = capability.partition(":")
+    checks = {
+        "kl_estimator": ("kl_estimators", c.kl_estimators, value not in c.kl_estimators),
+        "loss_agg": ("loss_aggregations", c.loss_aggregations, value not in c.loss_aggregations),
+        "value_clip": ("value_clip_modes", c.value_clip_modes, value not in c.value_clip_modes),
+        "gae_bootstrap": ("gae_bootstrap", c.gae_bootstrap, c.gae_bootstrap == "none"),
+        "statistic": (value, getattr(c, value, None), getattr(c, value, "") is None),
+    }
+    if kind not in checks:
+        raise ValueError(f"needs marker: unknown capability {capability!r}")
+    key, declared, missing = checks[kind]
+    if not missing:
+        return None
+    return f"not provided: the adapter declares {key}={describe(declared)} ({CONVENTIONS[key].allowed})"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    context = config.stash.get(CONTEXT_KEY, None)
+    if context is None:
+        return
+    provided: object = getattr(context.adapter, "ops", frozenset())
+    for item in items:
+        reasons = [
+            f"not provided: op {op!r} is not in the adapter's ops"
+            for marker in item.iter_markers("ops")
+            for op in marker.args
+            if op not in (provided if isinstance(provided, (set, frozenset)) else ())
+        ]
+        reasons += [
+            reason
+            for marker in item.iter_markers("needs")
+            for capability in marker.args
+            if (reason := _missing_capability(context, capability)) is not None
+        ]
+        if reasons:
+            item.add_marker(pytest.mark.skip(reason="; ".join(dict.fromkeys(reasons))))
+
+
+@pytest.fixture(scope="session")
+def ctx(pytestconfig: pytest.Config) -> Context:
+    """The session's adapter, its declared conventions and the matching variant of the reference."""
+    return pytestconfig.stash[CONTEXT_KEY]

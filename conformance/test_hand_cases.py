@@ -1,0 +1,149 @@
+"""Every hand-computed case of ``spec/cases/*.json``, run against the adapter.
+
+A case whose expected values still hold under the adapter's declared conventions (the reference
+variant reproduces them) is run as is with :func:`conformance.cases.run_case`. A case that a
+declared convention changes (the variant does not reproduce it) is checked by comparing the
+adapter with the variant on the case's inputs. Outputs an adapter need not report
+(``ratio_outside_frac``, ``ratio_mean``, ``ratio_max``, PPO-Penalty's ``kl``, and statistics
+declared ``None``) are left out of the comparison when missing.
+
+Cases with ``raises`` are IN-2 (input validation), which holds for ppo-ref's own functions only;
+cases of functions outside the adapter contract (``masked_var``, ``explained_variance``, the
+controllers, ``update_penalty_beta``) are not applicable here. ``tests/`` runs both for ppo-ref.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from conformance.cases import Case, decode_inputs, load_cases, output_names, reproduction, run_case
+from conformance.support import Context
+from ppo_ref.adapters import OP_NAMES
+
+OPTIONAL_OUTPUTS = frozenset({"ratio_outside_frac", "ratio_mean", "ratio_max", "kl"})
+"""Outputs of the reference that the adapter contract does not require."""
+
+
+def _param(case: Case) -> Any:
+    marks = [pytest.mark.clause(case.clause)]
+    if case.op in OP_NAMES and case.raises is None:  # the others are not applicable, whatever the ops
+        marks.append(pytest.mark.ops(case.op))
+    return pytest.param(case, id=case.id, marks=marks)
+
+
+def _output(op: str, result: Any, name: str) -> Any:
+    """Output ``name`` of ``op``'s result, or None when the result does not have it."""
+    names = output_names(op)
+    if names == ("out",):
+        return result
+    if isinstance(result, tuple | list):
+        return result[names.index(name)] if len(result) == len(names) else None
+    if isinstance(result, Mapping):
+        return result.get(name)
+    return getattr(result, name, None)
+
+
+def _unsupported(ctx: Context, case: Case) -> str | None:
+    """Why the adapter's declared capabilities exclude this case, or None."""
+    c, inputs = ctx.conventions, case.inputs
+    if case.op in ("kl_penalty", "token_rewards") and inputs.get("estimator", "k1") not in c.kl_estimators:
+        return f"estimator {inputs.get('estimator', 'k1')!r} (declared kl_estimators excludes it)"
+    if case.op == "policy_loss" and inputs.get("loss_agg", "token-mean") not in c.loss_aggregations:
+        return f"loss_agg {inputs.get('loss_agg', 'token-mean')!r} (declared loss_aggregations excludes it)"
+    if case.op == "value_loss":
+        mode = "unclipped" if inputs.get("clip_eps") is None else "clipped"
+        if mode not in c.value_clip_modes:
+            return f"the {mode} value loss (declared value_clip_modes excludes it)"
+    if case.op == "gae" and inputs.get("last_values") is not None and c.gae_bootstrap == "none":
+        return "bootstrapping from last_values (declared gae_bootstrap='none')"
+    return None
+
+
+def _compare(label: str, actual: Any, expected: Any, atol: float) -> str | None:
+    got = torch.as_tensor(actual.detach() if isinstance(actual, Tensor) else actual).to(torch.float64)
+    want = torch.as_tensor(expected.detach() if isinstance(expected, Tensor) else expected).to(torch.float64)
+    if got.numel() == 1 and want.numel() == 1:
+        got, want = got.reshape(()), want.reshape(())
+    if got.shape != want.shape:
+        return f"{label}: expected shape {tuple(want.shape)}, got {tuple(got.shape)}"
+    if torch.allclose(got, want, rtol=0.0, atol=atol, equal_nan=True):
+        return None
+    return (
+        f"{label}: the declared-convention variant gives {want.tolist()}, the implementation {got.tolist()}"
+    )
+
+
+def _against_variant(ctx: Context, case: Case, outputs: list[str]) -> list[str]:
+    """Compare the adapter with the reference variant on the case's inputs (declared conventions)."""
+    runs: dict[str, tuple[Any, dict[str, Any]]] = {}
+    for who, impl in (("variant", ctx.variant), ("implementation", ctx.adapter)):
+        inputs = decode_inputs(case)
+        if case.grad is not None:
+            inputs[case.grad.wrt].requires_grad_(True)
+        try:
+            runs[who] = (getattr(impl, case.op)(**inputs), inputs)
+        except Exception as error:
+            if who == "variant":
+                pytest.skip(f"not applicable: the declared conventions leave this case undefined ({error})")
+            return [f"{case.id}: the implementation raised {type(error).__name__}: {error}"]
+    problems = []
+    for name in outputs:
+        want, got = (_output(case.op, runs[w][0], name) for w in ("variant", "implementation"))
+        if want is None:
+            continue  # a statistic the declared conventions say is not reported
+        problems.append(_compare(f"{case.id}: {name}", got, want, case.atol))
+    if case.grad is not None:
+        grads = []
+        for who in ("variant", "implementation"):
+            output, inputs = _output(case.op, runs[who][0], case.grad.of), runs[who][1]
+            wrt = inputs[case.grad.wrt]
+            reachable = isinstance(output, Tensor) and output.requires_grad
+            grad = torch.autograd.grad(output.sum(), wrt, allow_unused=True)[0] if reachable else None
+            grads.append(torch.zeros_like(wrt) if grad is None else grad)
+        problems.append(
+            _compare(f"{case.id}: d {case.grad.of} / d {case.grad.wrt}", grads[1], grads[0], case.atol)
+        )
+    return [problem for problem in problems if problem]
+
+
+@pytest.mark.parametrize("case", [_param(case) for case in load_cases()])
+def test_hand_case(ctx: Context, case: Case) -> None:
+    if case.raises is not None:
+        pytest.skip(
+            "not applicable: IN-2 input validation is checked for ppo-ref's own functions only (tests/)"
+        )
+    if case.op not in OP_NAMES:
+        pytest.skip(
+            f"not applicable: {case.op} is outside the adapter contract (checked for ppo-ref in tests/)"
+        )
+    missing = _unsupported(ctx, case)
+    if missing:
+        pytest.skip(f"not provided: {missing}")
+    try:
+        result = getattr(ctx.adapter, case.op)(**decode_inputs(case))
+    except Exception as error:
+        setup = f"from ppo_ref.adapters import get_adapter\nimpl = get_adapter({ctx.impl!r})"
+        pytest.fail(
+            f"{case.id}: raised {type(error).__name__}: {error}\n{reproduction(case, ctx.adapter, setup)}"
+        )
+    declared_none = {name for name in ("clipfrac", "approx_kl") if getattr(ctx.conventions, name) is None}
+    kept = [
+        name
+        for name in case.expected
+        if _output(case.op, result, name) is not None or name not in OPTIONAL_OUTPUTS | declared_none
+    ]
+    if not kept and case.grad is None:
+        pytest.skip(f"not provided: the result has none of the outputs {sorted(case.expected)}")
+    trimmed = dataclasses.replace(case, expected={name: case.expected[name] for name in kept})
+    if not ctx.conventions.deviations() or not run_case(trimmed, ctx.variant):
+        setup = f"from ppo_ref.adapters import get_adapter\nimpl = get_adapter({ctx.impl!r})"
+        problems = run_case(trimmed, ctx.adapter, setup)
+    else:
+        problems = _against_variant(ctx, trimmed, kept)
+    assert not problems, "\n".join(problems)

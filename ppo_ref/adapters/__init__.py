@@ -1,0 +1,49 @@
+"""Adapters: how the conformance suite reaches an implementation under test.
+
+``get_adapter(name)`` resolves ``mine`` (the reference functions), a built-in third-party name,
+an entry point of group ``ppo_ref.adapters`` or any importable ``module:attribute``. An adapter is
+any object satisfying :class:`Adapter` (see :mod:`ppo_ref.adapters.base` for the contract and
+:mod:`ppo_ref.adapters.conventions` for the conventions it may declare).
+
+The math package never imports this one; adapters import the math.
+"""
+
+from ppo_ref.adapters.base import OP_NAMES, Adapter, CompleteAdapter, PolicyLossOutput, contract_problems
+from ppo_ref.adapters.conventions import (
+    CONVENTIONS,
+    ConventionError,
+    ConventionSet,
+    ReferenceVariant,
+    convention_problems,
+    parse_conventions,
+)
+from ppo_ref.adapters.reference import ReferenceAdapter
+from ppo_ref.adapters.registry import (
+    BUILTIN_ADAPTERS,
+    ENTRY_POINT_GROUP,
+    AdapterLoadError,
+    UnknownAdapterError,
+    available_adapters,
+    get_adapter,
+)
+
+__all__ = [
+    "BUILTIN_ADAPTERS",
+    "CONVENTIONS",
+    "ENTRY_POINT_GROUP",
+    "OP_NAMES",
+    "Adapter",
+    "AdapterLoadError",
+    "CompleteAdapter",
+    "ConventionError",
+    "ConventionSet",
+    "PolicyLossOutput",
+    "ReferenceAdapter",
+    "ReferenceVariant",
+    "UnknownAdapterError",
+    "available_adapters",
+    "contract_problems",
+    "convention_problems",
+    "get_adapter",
+    "parse_conventions",
+]

@@ -1,0 +1,218 @@
+"""The adapter contract: what the conformance suite needs from an implementation under test.
+
+An adapter is any object with the attributes of :class:`Adapter` (a runtime-checkable
+``typing.Protocol``, so wrappers and duck-typed objects qualify) plus, for every op name listed in
+its ``ops``, a callable attribute of that name with the signature of the reference function of the
+same name in :mod:`ppo_ref` (the ``*Op`` protocols below spell them out). The suite calls the
+required arguments positionally and the optional ones by keyword, exactly as written here.
+
+Ops that an adapter does not list need not exist: the suite skips their checks and says why in the
+report. ``conventions`` declares documented deviations from the reference conventions; the keys and
+values the suite knows are in :mod:`ppo_ref.adapters.conventions`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+__all__ = [
+    "OP_NAMES",
+    "Adapter",
+    "CompleteAdapter",
+    "EntropyOp",
+    "GaeOp",
+    "KlPenaltyOp",
+    "MaskedMeanOp",
+    "MaskedWhitenOp",
+    "PenaltyLossOutput",
+    "PolicyLossOp",
+    "PolicyLossOutput",
+    "PpoPenaltyLossOp",
+    "TokenLogprobsOp",
+    "TokenRewardsOp",
+    "ValueLossOp",
+    "contract_problems",
+]
+
+OP_NAMES: tuple[str, ...] = (
+    "token_logprobs",
+    "entropy",
+    "masked_mean",
+    "masked_whiten",
+    "kl_penalty",
+    "token_rewards",
+    "gae",
+    "policy_loss",
+    "value_loss",
+    "ppo_penalty_loss",
+)
+"""Every op an adapter may provide, in the order the report lists them."""
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """The attributes every adapter has. ``isinstance(obj, Adapter)`` checks that they exist."""
+
+    @property
+    def name(self) -> str:
+        """Short name of the implementation under test (e.g. ``"verl"``)."""
+
+    @property
+    def version(self) -> str:
+        """Version of the implementation under test (not of the adapter)."""
+
+    @property
+    def provenance(self) -> str:
+        """How each op reaches the implementation's own code (module and function per op)."""
+
+    @property
+    def ops(self) -> frozenset[str]:
+        """The op names (a subset of :data:`OP_NAMES`) this adapter provides."""
+
+    @property
+    def conventions(self) -> Mapping[str, object]:
+        """Declared deviations from the reference conventions, keyed as in ``conventions.CONVENTIONS``."""
+
+
+class PolicyLossOutput(Protocol):
+    """What a ``policy_loss`` op returns: 0-dim tensors or floats (``loss`` differentiable in logp).
+
+    ``clipfrac`` and ``approx_kl`` may be ``None`` only when the adapter declares the convention
+    ``clipfrac: None`` or ``approx_kl: None`` (the implementation does not report that statistic).
+    """
+
+    @property
+    def loss(self) -> Tensor | float: ...
+
+    @property
+    def clipfrac(self) -> Tensor | float | None: ...
+
+    @property
+    def approx_kl(self) -> Tensor | float | None: ...
+
+
+class PenaltyLossOutput(Protocol):
+    """What a ``ppo_penalty_loss`` op returns (``loss`` differentiable in logp)."""
+
+    @property
+    def loss(self) -> Tensor | float: ...
+
+
+class TokenLogprobsOp(Protocol):
+    def __call__(self, logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor: ...
+
+
+class EntropyOp(Protocol):
+    def __call__(self, logits: Tensor) -> Tensor: ...
+
+
+class MaskedMeanOp(Protocol):
+    def __call__(self, x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor: ...
+
+
+class MaskedWhitenOp(Protocol):
+    def __call__(self, x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor: ...
+
+
+class KlPenaltyOp(Protocol):
+    def __call__(
+        self, logp: Tensor, ref_logp: Tensor, estimator: str = "k1", mask: Tensor | None = None
+    ) -> Tensor: ...
+
+
+class TokenRewardsOp(Protocol):
+    def __call__(
+        self,
+        scores: Tensor,
+        logp: Tensor,
+        ref_logp: Tensor,
+        mask: Tensor,
+        kl_coef: float,
+        estimator: str = "k1",
+    ) -> Tensor: ...
+
+
+class GaeOp(Protocol):
+    def __call__(
+        self,
+        rewards: Tensor,
+        values: Tensor,
+        mask: Tensor,
+        gamma: float,
+        lam: float,
+        last_values: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]: ...
+
+
+class PolicyLossOp(Protocol):
+    def __call__(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        clip_eps: float,
+        loss_agg: str = "token-mean",
+    ) -> PolicyLossOutput: ...
+
+
+class ValueLossOp(Protocol):
+    def __call__(
+        self,
+        values: Tensor,
+        old_values: Tensor,
+        returns: Tensor,
+        mask: Tensor,
+        clip_eps: float | None = None,
+    ) -> Tensor | float: ...
+
+
+class PpoPenaltyLossOp(Protocol):
+    def __call__(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, beta: float
+    ) -> PenaltyLossOutput: ...
+
+
+class CompleteAdapter(Adapter, Protocol):
+    """An adapter that provides every op (for static typing; the built-in ``mine`` is one)."""
+
+    token_logprobs: TokenLogprobsOp
+    entropy: EntropyOp
+    masked_mean: MaskedMeanOp
+    masked_whiten: MaskedWhitenOp
+    kl_penalty: KlPenaltyOp
+    token_rewards: TokenRewardsOp
+    gae: GaeOp
+    policy_loss: PolicyLossOp
+    value_loss: ValueLossOp
+    ppo_penalty_loss: PpoPenaltyLossOp
+
+
+def contract_problems(adapter: object) -> list[str]:
+    """What is wrong with ``adapter`` as an adapter (empty list: nothing). Conventions not included.
+
+    Checks the types of ``name``, ``version``, ``provenance``, ``ops`` and ``conventions``, that every
+    listed op is known, and that every listed op is a callable attribute.
+    """
+    problems: list[str] = []
+    for attribute in ("name", "version", "provenance"):
+        value = getattr(adapter, attribute, None)
+        if not isinstance(value, str) or not value:
+            problems.append(f"{attribute}: expected a non-empty str, got {value!r}")
+    ops = getattr(adapter, "ops", None)
+    if not isinstance(ops, (frozenset, set)) or not all(isinstance(op, str) for op in ops):
+        problems.append(f"ops: expected a frozenset of op names, got {ops!r}")
+    else:
+        unknown = sorted(set(ops) - set(OP_NAMES))
+        if unknown:
+            problems.append(f"ops: unknown op names {unknown}; known ops are {list(OP_NAMES)}")
+        for op in sorted(set(ops) & set(OP_NAMES)):
+            if not callable(getattr(adapter, op, None)):
+                problems.append(f"ops lists {op!r} but the adapter has no callable attribute {op!r}")
+    conventions = getattr(adapter, "conventions", None)
+    if not isinstance(conventions, Mapping):
+        problems.append(f"conventions: expected a Mapping[str, object], got {conventions!r}")
+    return problems

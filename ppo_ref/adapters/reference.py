@@ -1,0 +1,44 @@
+"""The built-in adapter ``mine``: ppo-ref's own reference functions, unchanged.
+
+Running the conformance suite against it checks the suite and the reference against each other;
+``pytest conformance/ --impl=mine`` (the default) must pass with every clause ``pass``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+import ppo_ref
+from ppo_ref.adapters.base import OP_NAMES
+
+__all__ = ["ReferenceAdapter", "make_adapter"]
+
+
+class ReferenceAdapter:
+    """Every op is the :mod:`ppo_ref` function of the same name; no convention is declared."""
+
+    name = "mine"
+    version = ppo_ref.__version__
+    provenance = "each op is the ppo_ref function of the same name (ppo_ref.<op>), called unchanged"
+    ops: frozenset[str] = frozenset(OP_NAMES)
+    conventions: Mapping[str, object] = MappingProxyType({})
+
+    token_logprobs = staticmethod(ppo_ref.token_logprobs)
+    entropy = staticmethod(ppo_ref.entropy)
+    masked_mean = staticmethod(ppo_ref.masked_mean)
+    masked_whiten = staticmethod(ppo_ref.masked_whiten)
+    kl_penalty = staticmethod(ppo_ref.kl_penalty)
+    token_rewards = staticmethod(ppo_ref.token_rewards)
+    gae = staticmethod(ppo_ref.gae)
+    policy_loss = staticmethod(ppo_ref.policy_loss)
+    value_loss = staticmethod(ppo_ref.value_loss)
+    ppo_penalty_loss = staticmethod(ppo_ref.ppo_penalty_loss)
+
+    def __repr__(self) -> str:
+        return f"ReferenceAdapter(name={self.name!r}, version={self.version!r})"
+
+
+def make_adapter() -> ReferenceAdapter:
+    """The ``mine`` adapter (a zero-argument factory, like every registry entry)."""
+    return ReferenceAdapter()

@@ -1,0 +1,91 @@
+"""The conformance suite run as a user would run it: ``pytest conformance/ --impl=module:factory
+--conformance-report PATH`` in a subprocess, against the example adapters of
+``tests/example_adapter.py``, with few Hypothesis examples to keep it fast."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conformance.cases import spec_clauses
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run_suite(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *args,
+        "-p",
+        "no:cacheprovider",
+        "--conformance-examples=4",
+    ]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+
+
+def _verdicts(report_stem: Path) -> dict[str, str]:
+    report = json.loads(report_stem.with_name(report_stem.name + ".json").read_text(encoding="utf-8"))
+    return {entry["id"]: entry["verdict"] for entry in report["clauses"]}
+
+
+def test_example_adapter_passes_with_its_declared_convention(tmp_path: Path) -> None:
+    stem = tmp_path / "report"
+    run = _run_suite(
+        "conformance/", "--impl=tests.example_adapter:make_adapter", f"--conformance-report={stem}"
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "ppo-ref conformance: --impl=tests.example_adapter:make_adapter -> example" in run.stdout
+    assert "declared conventions: clipfrac='ratio-outside'" in run.stdout
+    verdicts = _verdicts(stem)
+    clauses = spec_clauses()
+    assert set(verdicts) == {"CONTRACT", *clauses}
+    expected_special = {
+        "PG-3": "declared convention",
+        "PG-4": "not provided",  # the result has no ratio_outside_frac (optional in the contract)
+        "ENT-1": "not provided",
+        "PEN-1": "not provided",
+        "PEN-2": "not applicable",
+        "EV-1": "not applicable",
+        "KLC-1": "not applicable",
+        "KLC-2": "not applicable",
+        "IN-2": "not applicable",
+    }
+    for clause, verdict in verdicts.items():
+        assert verdict == expected_special.get(clause, "pass"), f"{clause}: {verdict}"
+    markdown = stem.with_name("report.md").read_text(encoding="utf-8")
+    assert markdown.startswith("# Conformance report: example ")
+    assert "**Result: PASS**" in markdown
+    for clause, title in clauses.items():
+        assert f"| {clause} | {title} |" in markdown
+    assert "checked against the variant for `clipfrac='ratio-outside'`" in markdown
+    assert "not provided: op 'entropy' is not in the adapter's ops" in markdown
+
+
+def test_an_undeclared_deviation_fails(tmp_path: Path) -> None:
+    stem = tmp_path / "wrong.json"  # a trailing .json is dropped: wrong.json and wrong.md are written
+    run = _run_suite(
+        "conformance/test_contract.py",
+        "conformance/test_policy_loss.py",
+        "--impl=tests.example_adapter:make_wrong_adapter",
+        f"--conformance-report={stem}",
+    )
+    assert run.returncode == 1, run.stdout[-3000:]
+    verdicts = _verdicts(tmp_path / "wrong")
+    assert verdicts["PG-3"] == "fail"
+    assert verdicts["CONTRACT"] == "fail"
+    assert {verdicts[c] for c in ("PG-1", "PG-2", "PG-5", "PG-6")} == {"pass"}
+    assert verdicts["PG-4"] == "not provided"
+    markdown = (tmp_path / "wrong.md").read_text(encoding="utf-8")
+    assert "**Result: FAIL**" in markdown
+    assert "unknown key 'clipfrac_definition'" in markdown
+    assert "test_clipfrac_matches_the_reference" in markdown
+
+
+def test_unknown_impl_is_a_usage_error_listing_the_adapters() -> None:
+    run = _run_suite("conformance/test_contract.py", "--impl=no-such-adapter")
+    assert run.returncode == 4, run.stdout + run.stderr
+    assert "available adapters: mine, trl, verl" in run.stderr

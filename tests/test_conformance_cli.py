@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -89,3 +90,23 @@ def test_unknown_impl_is_a_usage_error_listing_the_adapters() -> None:
     run = _run_suite("conformance/test_contract.py", "--impl=no-such-adapter")
     assert run.returncode == 4, run.stdout + run.stderr
     assert "available adapters: mine, trl, verl" in run.stderr
+
+
+def test_the_readme_adapter_runs_from_outside_the_repository(tmp_path: Path) -> None:
+    # examples/my_ppo_adapter.py is the adapter the README shows; a user keeps it in their own repo.
+    outside = tmp_path / "users_repo"
+    outside.mkdir()
+    (outside / "my_ppo_adapter.py").write_text(
+        (ROOT / "examples" / "my_ppo_adapter.py").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    stem = tmp_path / "mine-report"
+    command = [sys.executable, "-m", "pytest", "conformance/", "-p", "no:cacheprovider"]
+    command += ["--conformance-examples=4", "--impl=my_ppo_adapter:make_adapter"]
+    command += [f"--conformance-report={stem}"]
+    env = {**os.environ, "PYTHONPATH": str(outside)}
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    verdicts = _verdicts(stem)
+    assert {verdicts[c] for c in ("GAE-1", "GAE-2", "GAE-3", "GAE-4", "PG-1", "PG-5")} == {"pass"}
+    assert verdicts["PG-3"] == "declared convention"
+    assert verdicts["KL-1"] == "not provided"

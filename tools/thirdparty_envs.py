@@ -18,8 +18,9 @@ package that insists on another torch makes pip fail instead.
 
 An environment that exists, was built from the same recipe and passes its check is skipped
 (``--recreate`` rebuilds it). One that was built from the same recipe but fails its check is
-repaired in place (the pip steps are re-run; already-satisfied pins cost nothing). One built
-from another recipe, or left half-built, is deleted and rebuilt.
+repaired in place (the pip steps are re-run; already-satisfied pins cost nothing), unless its
+torch is not the 2.13.0 CPU build: then, like one built from another recipe or left half-built,
+it is deleted and rebuilt.
 
 Use an environment with its own interpreter, e.g. ``.envs/verl/bin/python -m pytest ...``;
 TRL needs ``TRL_EXPERIMENTAL_SILENCE=1`` in the environment (see ``Recipe.env``).
@@ -35,22 +36,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import fcntl
 import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 ENVS_DIR = REPO / ".envs"
 LOG_DIR = ENVS_DIR / "logs"
 CONSTRAINTS = ENVS_DIR / "constraints.txt"
 STATE_FILE = "ppo-ref-env.json"
+
+JSON = dict[str, Any]
 
 TORCH_PIN = "torch==2.13.0"
 # What the 2.13.0 CPU wheel on disk reports as torch.__version__ (checked: "2.13.0+cpu").
@@ -79,9 +85,7 @@ class Recipe:
     report: tuple[str, ...] = ()
 
     def digest(self) -> str:
-        payload = json.dumps(
-            [TORCH_PIN, self.steps, PROJECT_EXTRAS, _constraints_text()], sort_keys=True
-        )
+        payload = json.dumps([TORCH_PIN, self.steps, PROJECT_EXTRAS, _constraints_text()], sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -122,8 +126,23 @@ RECIPES: dict[str, Recipe] = {
                     "codetiming==1.4.0",
                     "transformers==5.10.4",
                 ),
+                # what verl.trainer.ppo.ray_trainer (apply_kl_penalty: KL into the rewards) imports
+                (
+                    "torchdata==0.11.0",
+                    "datasets==5.2.0",
+                    "pillow==13.0.0",
+                    "peft==0.21.2",
+                    "cachetools==8.0.2",
+                    "fastapi==0.165.0",
+                    "uvicorn==0.54.0",
+                ),
             ),
-            imports=("verl", "verl.trainer.ppo.core_algos", "verl.utils.torch_functional"),
+            imports=(
+                "verl",
+                "verl.trainer.ppo.core_algos",
+                "verl.utils.torch_functional",
+                "verl.trainer.ppo.ray_trainer",
+            ),
             report=("verl", "tensordict", "omegaconf", "ray", "codetiming", *HF_STACK_REPORT),
         ),
         Recipe(
@@ -132,7 +151,7 @@ RECIPES: dict[str, Recipe] = {
             steps=(
                 ("--no-deps", "openrlhf==0.11.2"),
                 # deepspeed's setup.py imports torch, so it must see the env's torch.
-                ("setuptools<81", "wheel"),
+                ("setuptools==80.10.2", "wheel==0.48.0"),
                 ("--no-build-isolation", "deepspeed==0.19.6"),
                 (
                     "peft==0.21.2",
@@ -140,6 +159,8 @@ RECIPES: dict[str, Recipe] = {
                     "pylatexenc==2.11",
                     "torchdata==0.11.0",
                     "aiohttp==3.14.5",
+                    # ray as declared; openrlhf.trainer.ppo_utils.experience_maker (GAE) imports it.
+                    "ray==2.55.0",
                     "transformers==5.15.0",
                     "accelerate==1.15.0",
                     "datasets==5.2.0",
@@ -173,7 +194,9 @@ RECIPES: dict[str, Recipe] = {
             summary="skyrl-train 0.3.1 (declares Python ==3.12.*, imports on 3.11)",
             steps=(
                 ("--no-deps", "--ignore-requires-python", "skyrl-train==0.3.1"),
-                ("jaxtyping==0.3.11", "loguru==0.7.3", "ray==2.51.1"),
+                # ppo_utils imports ray, jaxtyping, loguru and omegaconf at top level;
+                # ray 2.51.1 as declared (an import skyrl uses is gone in ray 2.60).
+                ("jaxtyping==0.3.11", "loguru==0.7.3", "omegaconf==2.3.1", "ray==2.51.1"),
             ),
             imports=("skyrl_train", "skyrl_train.utils.ppo_utils"),
             report=("skyrl-train", "jaxtyping", "loguru", "ray", *HF_STACK_REPORT),
@@ -256,8 +279,12 @@ class Builder:
             log.flush()
             if self.verbose:
                 proc = subprocess.Popen(
-                    cmd, cwd=cwd or REPO, env=self._subenv(), stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT, text=True,
+                    cmd,
+                    cwd=cwd or REPO,
+                    env=self._subenv(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
                 )
                 assert proc.stdout is not None
                 for line in proc.stdout:
@@ -282,13 +309,14 @@ class Builder:
         self.run(label, [str(self.py), "-m", "pip", "install", "-c", str(CONSTRAINTS), *args])
 
     # -- state --------------------------------------------------------------------------------
-    def state(self) -> dict | None:
+    def state(self) -> JSON | None:
         try:
-            return json.loads((self.dir / STATE_FILE).read_text())
+            state = json.loads((self.dir / STATE_FILE).read_text())
         except (OSError, ValueError):
             return None
+        return state if isinstance(state, dict) else None
 
-    def write_state(self, check: dict, seconds: float) -> None:
+    def write_state(self, check: JSON, seconds: float) -> None:
         state = {
             "name": self.r.name,
             "recipe_digest": self.r.digest(),
@@ -306,7 +334,7 @@ class Builder:
         (self.dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
     # -- check --------------------------------------------------------------------------------
-    def check(self) -> dict:
+    def check(self) -> JSON:
         """Run the check inside the env; return its report (raises EnvFailure if it cannot run)."""
         project = project_info()
         probe = {
@@ -318,13 +346,17 @@ class Builder:
         }
         code = CHECK_SCRIPT.replace("@@PROBE@@", json.dumps(probe))
         proc = subprocess.run(
-            [str(self.py), "-c", code], cwd="/", env=self._subenv(), capture_output=True, text=True,
+            [str(self.py), "-c", code],
+            cwd="/",
+            env=self._subenv(),
+            capture_output=True,
+            text=True,
             timeout=600,
         )
         with self.log.open("a") as log:
             log.write(f"\n$ check\n{proc.stderr[-4000:]}\n{proc.stdout}\n")
         try:
-            out = json.loads(proc.stdout.strip().splitlines()[-1])
+            out: JSON = json.loads(proc.stdout.strip().splitlines()[-1])
         except (IndexError, ValueError) as exc:
             raise EnvFailure(
                 f"check could not run (exit {proc.returncode}):\n"
@@ -333,10 +365,10 @@ class Builder:
         return out
 
     @staticmethod
-    def problems(check: dict, with_project: bool) -> list[str]:
+    def problems(check: JSON, with_project: bool) -> list[str]:
         bad = []
         t = check.get("torch") or {}
-        if t.get("version") != TORCH_EXPECTED_VERSION or t.get("cuda") is not None:
+        if not torch_ok(check):
             bad.append(
                 f"torch was replaced: found {t.get('version')!r} (cuda={t.get('cuda')!r}) at "
                 f"{t.get('file')}, expected {TORCH_EXPECTED_VERSION!r} (CPU build)"
@@ -350,14 +382,14 @@ class Builder:
         return bad
 
     # -- build --------------------------------------------------------------------------------
-    def ensure(self, recreate: bool, check_only: bool) -> dict:
+    def ensure(self, recreate: bool, check_only: bool) -> JSON:
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         t_start = time.monotonic()
         state = self.state()
         exists = self.py.exists()
 
         if exists and not recreate:
-            same_recipe = bool(state) and state.get("recipe_digest") == self.r.digest()
+            same_recipe = state is not None and state.get("recipe_digest") == self.r.digest()
             if same_recipe:
                 check = self.check()
                 bad = self.problems(check, self.with_project)
@@ -366,20 +398,29 @@ class Builder:
                     return {"status": "skipped", "check": check, "state": state}
                 if check_only:
                     raise EnvFailure("check failed:\n  " + "\n  ".join(bad))
-                self.say("check failed, repairing in place:\n  " + "\n  ".join(bad))
-                return self._build(t_start, fresh=False)
-            if check_only:
+                if not torch_ok(check):
+                    # Whatever replaced torch may have changed other packages too: start over.
+                    self.say("check failed, recreating:\n  " + "\n  ".join(bad))
+                    recreate = True
+                else:
+                    self.say("check failed, repairing in place:\n  " + "\n  ".join(bad))
+                    return self._build(t_start, fresh=False)
+            elif check_only:
                 raise EnvFailure("environment was built from another recipe or not finished")
-            self.say("built from another recipe or left half-built: recreating")
-            recreate = True
+            else:
+                self.say("built from another recipe or left half-built: recreating")
+                recreate = True
         elif check_only:
             raise EnvFailure(f"environment {self.dir} does not exist")
 
         if recreate and self.dir.exists():
+            t0 = time.monotonic()
             shutil.rmtree(self.dir)
-        return self._build(t_start, fresh=True)
+            self.say(f"deleted the old environment ({_fmt_secs(time.monotonic() - t0).strip()})")
+        # The recorded install time counts from here: it leaves out deleting an old env.
+        return self._build(time.monotonic(), fresh=True)
 
-    def _build(self, t_start: float, fresh: bool) -> dict:
+    def _build(self, t_start: float, fresh: bool) -> JSON:
         if fresh:
             self.log.write_text(f"# {self.r.name}: build started {time.ctime()}\n")
             self.run("venv", [self.python, "-m", "venv", str(self.dir)])
@@ -409,10 +450,16 @@ class Builder:
             self.pip("ppo-ref needs: " + " ".join(PROJECT_EXTRAS), *PROJECT_EXTRAS)
         # 4. record and check.
         with (self.dir / "freeze.txt").open("w") as fh:
-            subprocess.run([str(self.py), "-m", "pip", "freeze", "--all"], env=self._subenv(),
-                           stdout=fh, stderr=subprocess.DEVNULL, check=False)
-        pip_check = subprocess.run([str(self.py), "-m", "pip", "check"], env=self._subenv(),
-                                   capture_output=True, text=True)
+            subprocess.run(
+                [str(self.py), "-m", "pip", "freeze", "--all"],
+                env=self._subenv(),
+                stdout=fh,
+                stderr=subprocess.DEVNULL,
+                check=False,
+            )
+        pip_check = subprocess.run(
+            [str(self.py), "-m", "pip", "check"], env=self._subenv(), capture_output=True, text=True
+        )
         (self.dir / "pip-check.txt").write_text(pip_check.stdout + pip_check.stderr)
         t0 = time.monotonic()
         check = self.check()
@@ -474,20 +521,32 @@ print(json.dumps(out))
 """
 
 
+def torch_ok(check: JSON) -> bool:
+    """True when the env's torch is the 2.13.0 CPU build (as reported by the check)."""
+    t = check.get("torch") or {}
+    return t.get("version") == TORCH_EXPECTED_VERSION and t.get("cuda") is None
+
+
 def project_installable() -> bool:
     return (REPO / "pyproject.toml").exists() or (REPO / "setup.py").exists()
 
 
-def project_info() -> dict:
+def project_info() -> JSON:
     """Name and import package of ppo-ref, read from its pyproject.toml (if it has one yet)."""
     name = None
     pyproject = REPO / "pyproject.toml"
     if pyproject.exists():
+        text = pyproject.read_text()
         try:
-            import tomllib
+            import tomllib  # type: ignore[import-not-found, unused-ignore]  # Python >= 3.11
 
-            name = tomllib.loads(pyproject.read_text()).get("project", {}).get("name")
-        except Exception:
+            name = tomllib.loads(text).get("project", {}).get("name")
+        except ImportError:  # Python 3.10: read [project] name by hand
+            section = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+            pattern = r"""^name\s*=\s*["']([^"']+)["']"""
+            found = section and re.search(pattern, section.group(1), re.M)
+            name = found.group(1) if found else None
+        except ValueError:
             name = None
     if name is None and (REPO / "setup.py").exists():
         name = "ppo-ref"
@@ -506,22 +565,34 @@ def find_torch_wheel() -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python tools/thirdparty_envs.py",
-        description=__doc__.split("\n\n")[0] + "\n\n" + "\n".join(
-            f"  {r.name:9s} {r.summary}" for r in RECIPES.values()
-        ),
+        description=__doc__.split("\n\n")[0]
+        + "\n\n"
+        + "\n".join(f"  {r.name:9s} {r.summary}" for r in RECIPES.values()),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Details: docs/thirdparty-envs.md. Logs: .envs/logs/NAME.log.",
     )
-    parser.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"environments to build (default: all of {', '.join(RECIPES)})")
-    parser.add_argument("--recreate", action="store_true",
-                        help="delete and rebuild the environments even if they pass their check")
-    parser.add_argument("--check", action="store_true",
-                        help="only check the existing environments; build nothing")
-    parser.add_argument("--no-project", action="store_true",
-                        help="do not install ppo-ref itself into the environments")
-    parser.add_argument("--python", default="python3",
-                        help="interpreter that creates the venvs (default: python3; must be 3.11)")
+    parser.add_argument(
+        "names",
+        nargs="*",
+        metavar="NAME",
+        help=f"environments to build (default: all of {', '.join(RECIPES)})",
+    )
+    parser.add_argument(
+        "--recreate",
+        action="store_true",
+        help="delete and rebuild the environments even if they pass their check",
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="only check the existing environments; build nothing"
+    )
+    parser.add_argument(
+        "--no-project", action="store_true", help="do not install ppo-ref itself into the environments"
+    )
+    parser.add_argument(
+        "--python",
+        default="python3",
+        help="interpreter that creates the venvs (default: python3; must be 3.11)",
+    )
     parser.add_argument("--list", action="store_true", help="print the recipes and exit")
     parser.add_argument("-v", "--verbose", action="store_true", help="stream pip's output")
     args = parser.parse_args(argv)
@@ -550,17 +621,37 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ver = subprocess.run(
                 [args.python, "-c", "import sys; print('%d %d' % sys.version_info[:2])"],
-                capture_output=True, text=True, check=True,
+                capture_output=True,
+                text=True,
+                check=True,
             ).stdout.split()
         except (OSError, subprocess.CalledProcessError) as exc:
             print(f"error: cannot run {args.python}: {exc}", file=sys.stderr)
             return 2
         if tuple(map(int, ver)) != PYTHON_MAJOR_MINOR:
-            print(f"error: {args.python} is Python {'.'.join(ver)}; the torch CPU wheel needs "
-                  f"{'.'.join(map(str, PYTHON_MAJOR_MINOR))}", file=sys.stderr)
+            print(
+                f"error: {args.python} is Python {'.'.join(ver)}; the torch CPU wheel needs "
+                f"{'.'.join(map(str, PYTHON_MAJOR_MINOR))}",
+                file=sys.stderr,
+            )
             return 2
 
+    if not args.no_project and not args.check and not project_installable():
+        print(
+            f"error: ppo-ref cannot be installed into the environments: neither "
+            f"{REPO / 'pyproject.toml'} nor {REPO / 'setup.py'} exists yet. Rerun once the "
+            "project has one, or pass --no-project to build the environments without it.",
+            file=sys.stderr,
+        )
+        return 2
+
     ENVS_DIR.mkdir(exist_ok=True)
+    lock_fh = (ENVS_DIR / ".lock").open("w")
+    try:
+        fcntl.flock(lock_fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        print(f"error: another thirdparty_envs.py run holds {ENVS_DIR / '.lock'}", file=sys.stderr)
+        return 2
     if not CONSTRAINTS.exists() or CONSTRAINTS.read_text() != _constraints_text():
         CONSTRAINTS.write_text(_constraints_text())
 

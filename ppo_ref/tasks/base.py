@@ -34,6 +34,10 @@ class Task:
             None for tasks without a format.
         config_overrides: trainer config fields this task sets by default (e.g. ``max_new_tokens``);
             the user's values still win.
+        eval_reward_function: the task's true score for evaluation, when training optimises a
+            proxy (``positive-review-rm``: the rule score behind its learned reward model). None
+            means evaluation scores with the training reward. Optional; added after the first
+            version of this interface.
     """
 
     name: str
@@ -45,6 +49,7 @@ class Task:
     reward_model: PreTrainedModel | None = None
     well_formed: Callable[[str, str], bool] | None = None
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    eval_reward_function: RewardFunction | None = None
 
 
 TaskBuilder = Callable[[int], Task]

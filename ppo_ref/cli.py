@@ -21,8 +21,8 @@ from ppo_ref.trainer.config import TrainerConfig, config_from_toml, field_docs, 
 
 __all__ = ["build_parser", "main", "resolve_config"]
 
-_METAVARS = {"task": "NAME", "iterations": "N", "seed": "S", "out": "DIR", "policy": "PATH", "reward": "PATH"}
-_METAVARS["prompts"] = "FILE.jsonl"
+_METAVARS = {"task": "NAME", "iterations": "N", "seed": "S", "out": "DIR", "prompts": "FILE.jsonl"}
+_METAVARS.update({"policy": "PATH", "reference": "PATH", "reward": "PATH"})
 
 
 def _scalar_parser(kind: object, name: str) -> Callable[[str], object]:

@@ -1,0 +1,311 @@
+"""The trainer's configuration: one frozen dataclass, validated on construction.
+
+Every field has a docstring (the string right below it); the CLI turns each field into an override
+flag and shows that docstring in ``--help``. Values come, in increasing priority, from the
+defaults, the task's ``config_overrides``, a TOML file, and command-line flags.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import inspect
+import itertools
+import math
+import sys
+import types
+import typing
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Literal, Union
+
+__all__ = [
+    "TrainerConfig",
+    "check_field_values",
+    "config_from_toml",
+    "field_docs",
+    "field_types",
+    "read_toml",
+]
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Everything that determines a PPO-RLHF run (with the task, the seed makes it reproducible)."""
+
+    # -- run ------------------------------------------------------------------------------------
+    task: str = "positive-review"
+    """Built-in task: positive-review, positive-review-rm, reverse or length."""
+    iterations: int = 50
+    """Number of PPO iterations (rollout + update)."""
+    seed: int = 0
+    """The one seed of the run: task construction, prompt sampling, sampling noise, shuffling."""
+    out: str = "ppo-ref-run"
+    """Output directory (metrics.jsonl, rollouts.jsonl, summary.json, plots, TensorBoard events)."""
+    policy: str | None = None
+    """Local Hugging Face causal-LM checkpoint (with its tokenizer) to train instead of the task's policy."""
+    reward: str | None = None
+    """Local AutoModelForSequenceClassification checkpoint (one label) used as the reward model."""
+    reference: str | None = None
+    """Local causal-LM checkpoint for the frozen KL reference (None = a copy of the initial policy)."""
+    prompts: str | None = None
+    """JSONL file of prompts, one {"prompt": ...} per line (optional "split": "train"|"eval")."""
+
+    # -- 1-2: prompts and generation ------------------------------------------------------------
+    rollout_batch_size: int = 64
+    """Responses per iteration (one prompt each)."""
+    max_new_tokens: int = 32
+    """Longest response; a response that reaches it without EOS is cut ('length' stop)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs and entropies are computed from logits / temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1 = off)."""
+    top_k: int = 0
+    """Sample only among the top_k most probable tokens (0 = off)."""
+    forward_batch_size: int | None = None
+    """Rows per no-grad forward pass in rollouts and evaluation (None = all at once)."""
+
+    # -- 3-5: scores and token rewards ----------------------------------------------------------
+    missing_eos: Literal["none", "penalty", "replace"] = "replace"
+    """Rule for responses without EOS: keep the score, subtract missing_eos_penalty, or replace it."""
+    missing_eos_penalty: float = 1.0
+    """Subtracted from the score of a response without EOS when missing_eos = 'penalty'."""
+    missing_eos_score: float = -1.0
+    """The score of a response without EOS when missing_eos = 'replace'."""
+    kl_coef: float = 0.05
+    """KL penalty coefficient beta (the initial one when adaptive_kl is on)."""
+    adaptive_kl: bool = False
+    """Adapt beta towards kl_target (Ziegler et al. 2019) instead of keeping it fixed."""
+    kl_target: float = 6.0
+    """Target of the adaptive controller: mean per-sequence summed KL to the reference."""
+    kl_horizon: float = 10000.0
+    """Horizon of the adaptive controller, in sequences."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Per-token KL estimator for the reward penalty and the logged kl_ref."""
+    truncation: Literal["terminal", "bootstrap"] = "terminal"
+    """A response cut at max_new_tokens: terminal (V_next = 0) or bootstrap (V_next from the critic)."""
+
+    # -- 6: advantages --------------------------------------------------------------------------
+    gamma: float = 1.0
+    """Discount factor."""
+    lam: float = 0.95
+    """GAE lambda."""
+
+    # -- 7: PPO update --------------------------------------------------------------------------
+    ppo_epochs: int = 4
+    """Passes over the rollout batch per iteration (reshuffled each time)."""
+    num_minibatches: int = 4
+    """Minibatches per epoch (one optimizer step each); must divide rollout_batch_size."""
+    micro_batch_size: int | None = None
+    """Rows per forward/backward inside a minibatch (gradient accumulation; None = whole minibatch)."""
+    clip_eps: float = 0.2
+    """PPO ratio clip epsilon."""
+    value_clip_eps: float | None = 0.2
+    """Value clip range around the rollout values, in reward units (None = unclipped value loss)."""
+    vf_coef: float = 0.1
+    """Weight of the value loss."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus (subtracted from the loss)."""
+    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """Policy-loss aggregation over a minibatch (normalised over the whole minibatch, not per micro-batch)."""
+    critic: Literal["policy", "reward", "value-head"] = "policy"
+    """Critic: separate model from the policy's backbone, from the reward model's, or a head on the policy."""
+    learning_rate: float = 1e-4
+    """AdamW learning rate of the policy."""
+    critic_learning_rate: float | None = None
+    """AdamW learning rate of the critic (None = learning_rate)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    adam_eps: float = 1e-8
+    """AdamW epsilon."""
+    max_grad_norm: float | None = 1.0
+    """Clip the gradient norm of the policy and of the critic, each, to this (None = no clipping)."""
+    target_approx_kl: float | None = None
+    """Stop this iteration's PPO epochs once a minibatch's approx-KL to the rollout policy exceeds this."""
+
+    # -- 8: checks, evaluation and output -------------------------------------------------------
+    logprob_check_tolerance: float | None = None
+    """Largest allowed |log-ratio| at the first minibatch (None = 1e-3 in float32, 0.25 in bf16)."""
+    max_nonfinite_steps: int = 3
+    """Stop the run once more than this many optimizer steps were skipped for non-finite values."""
+    eval_samples: int = 256
+    """Responses sampled (temperature 1) from held-out prompts for the initial and final evaluation."""
+    audit_samples: int = 4
+    """Samples of each iteration written in full to rollouts.jsonl."""
+    tensorboard: bool = True
+    """Also write TensorBoard events to OUT/tensorboard when tensorboard is installed."""
+    progress_bar: bool = True
+    """Show a console progress bar with the key figures."""
+    plots: bool = True
+    """Write PNG plots of score, KL, entropy and response length to OUT/."""
+    mixed_precision: Literal["auto", "no", "bf16"] = "auto"
+    """Model forwards in bf16 autocast ('auto' = bf16 on CUDA, float32 on CPU); PPO math stays float32."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = _coerce(getattr(self, f.name), field_types()[f.name], f.name)
+            object.__setattr__(self, f.name, value)
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        for name in ("iterations", "rollout_batch_size", "max_new_tokens", "ppo_epochs", "num_minibatches"):
+            _require(getattr(self, name) >= 1, name, "an int >= 1")
+        for name in ("seed", "top_k", "max_nonfinite_steps", "audit_samples"):
+            _require(getattr(self, name) >= 0, name, "an int >= 0")
+        _require(self.eval_samples >= 1, "eval_samples", "an int >= 1")
+        for name in ("forward_batch_size", "micro_batch_size"):
+            value = getattr(self, name)
+            _require(value is None or value >= 1, name, "an int >= 1 or None")
+        _require(self.rollout_batch_size >= 2, "rollout_batch_size", "an int >= 2 (advantage whitening)")
+        _require(
+            self.rollout_batch_size % self.num_minibatches == 0,
+            "num_minibatches",
+            f"a divisor of rollout_batch_size={self.rollout_batch_size}",
+        )
+        positive = ("temperature", "clip_eps", "learning_rate", "kl_target", "kl_horizon", "adam_eps")
+        for name in positive:
+            _require(getattr(self, name) > 0, name, "a number > 0")
+        for name in ("value_clip_eps", "critic_learning_rate", "max_grad_norm", "target_approx_kl"):
+            value = getattr(self, name)
+            _require(value is None or value > 0, name, "a number > 0 or None")
+        tolerance = self.logprob_check_tolerance
+        _require(tolerance is None or tolerance > 0, "logprob_check_tolerance", "a number > 0 or None")
+        for name in ("kl_coef", "vf_coef", "entropy_coef", "weight_decay", "missing_eos_penalty"):
+            _require(getattr(self, name) >= 0, name, "a number >= 0")
+        for name in ("gamma", "lam"):
+            _require(0 <= getattr(self, name) <= 1, name, "a number in [0, 1]")
+        _require(0 < self.top_p <= 1, "top_p", "a number in (0, 1]")
+        _require(self.out != "", "out", "a non-empty path")
+        _require(self.task != "", "task", "a non-empty task name")
+
+    @property
+    def minibatch_size(self) -> int:
+        """Rows per minibatch (one optimizer step)."""
+        return self.rollout_batch_size // self.num_minibatches
+
+
+def _require(ok: bool, name: str, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"config field {name!r}: expected {expected}")
+
+
+def _coerce(value: object, annotation: object, name: str) -> object:
+    """Check ``value`` against the field's type; ints are accepted (and converted) for floats."""
+    options = _union_members(annotation)
+    if value is None:
+        if type(None) in options:
+            return None
+        raise ValueError(f"config field {name!r}: expected {_describe(annotation)}, got None")
+    for option in options:
+        if option is type(None):
+            continue
+        if typing.get_origin(option) is Literal:
+            if isinstance(value, str) and value in typing.get_args(option):
+                return value
+        elif option is bool:
+            if isinstance(value, bool):
+                return value
+        elif option is int:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        elif option is float:
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                return float(value)
+        elif option is str and isinstance(value, str):
+            return value
+    raise ValueError(f"config field {name!r}: expected {_describe(annotation)}, got {value!r}")
+
+
+def _union_members(annotation: object) -> tuple[object, ...]:
+    if typing.get_origin(annotation) in (Union, types.UnionType):
+        return typing.get_args(annotation)
+    return (annotation,)
+
+
+def _describe(annotation: object) -> str:
+    parts = []
+    for option in _union_members(annotation):
+        if option is type(None):
+            parts.append("None")
+        elif typing.get_origin(option) is Literal:
+            parts.append("one of " + ", ".join(repr(v) for v in typing.get_args(option)))
+        elif option is float:
+            parts.append("a finite number")
+        else:
+            parts.append(_TYPE_NAMES.get(option, str(option)))
+    return " or ".join(parts)
+
+
+_TYPE_NAMES: dict[object, str] = {bool: "true or false", int: "an integer", str: "a string"}
+_TYPES: dict[str, object] = {}
+_DOCS: dict[str, str] = {}
+
+
+def field_types() -> dict[str, object]:
+    """Resolved type annotation of every field (e.g. ``int``, ``float | None``, a ``Literal``)."""
+    if not _TYPES:
+        _TYPES.update(typing.get_type_hints(TrainerConfig))
+    return _TYPES
+
+
+def field_docs() -> dict[str, str]:
+    """The docstring of every field, read from this module's source (the string below each field)."""
+    if not _DOCS:
+        tree = ast.parse(inspect.getsource(TrainerConfig))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, following in itertools.pairwise(body):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)
+            ):
+                _DOCS[node.target.id] = following.value.value.strip()
+    return _DOCS
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    """Read a TOML file into a dict (tomllib on Python >= 3.11, else the ``tomli`` package)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - exercised only on Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+        except ImportError as error:
+            raise ValueError(
+                f"--config {path}: reading TOML on Python 3.10 needs the 'tomli' package (pip install tomli)"
+            ) from error
+    try:
+        with open(path, "rb") as handle:
+            values: dict[str, Any] = tomllib.load(handle)
+            return values
+    except OSError as error:
+        raise ValueError(f"--config {path}: cannot read the file ({error.strerror})") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ValueError(f"--config {path}: not valid TOML ({error})") from error
+
+
+def check_field_values(values: dict[str, Any], source: str) -> None:
+    """Check that every key of ``values`` is a config field and every value has the field's type.
+
+    Ranges and relations between fields are checked when the :class:`TrainerConfig` is built.
+    Errors are ``ValueError`` starting with ``source`` (e.g. the TOML file) and naming the field.
+    """
+    known = [f.name for f in fields(TrainerConfig)]
+    for key, value in values.items():
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{source}: unknown config field {key!r}{hint}")
+        try:
+            _coerce(value, field_types()[key], key)
+        except ValueError as error:
+            raise ValueError(f"{source}: {error}") from None
+
+
+def config_from_toml(path: str | Path) -> dict[str, Any]:
+    """The field values set in a TOML file (a flat table of ``field = value``), checked by name and type."""
+    values = read_toml(path)
+    check_field_values(values, f"--config {path}")
+    return values

@@ -1,0 +1,207 @@
+"""Stage 2: sampling responses with a manual KV-cache loop, and the layout of a prompt + response batch.
+
+Prompts are left-padded; every forward pass gets ``position_ids = cumsum(attention_mask) - 1``, so a
+token's position does not depend on the padding before it. Sampling uses inverse-CDF draws from
+per-sample noise (see :mod:`ppo_ref.trainer.seeding`), so a sample does not depend on its batch.
+A response ends at its first EOS (the EOS is part of it); later columns hold ``pad_id`` and are
+off the response mask, which is built from the first EOS, never from ``!= pad_id`` (pad may equal
+EOS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from ppo_ref.trainer.models import call_model, output_cache, supports_logits_to_keep
+
+__all__ = [
+    "Generated",
+    "SequenceBatch",
+    "first_eos_mask",
+    "generate",
+    "left_pad",
+    "position_ids_from_mask",
+    "sample_from_logits",
+]
+
+
+def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
+    """``cumsum(mask) - 1`` clamped at 0: the first real token is at position 0 whatever the padding."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def left_pad(
+    rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None
+) -> tuple[Tensor, Tensor]:
+    """Left-pad token-id lists to ``(input_ids, attention_mask)``, both (B, width) int64."""
+    if not rows or any(len(row) == 0 for row in rows):
+        raise ValueError("rows: expected a non-empty list of non-empty token-id lists (an empty prompt?)")
+    width = max(len(row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for index, row in enumerate(rows):
+        ids[index, width - len(row) :] = torch.as_tensor(list(row), dtype=torch.long)
+        mask[index, width - len(row) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+def first_eos_mask(response_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
+    """``(mask, ended)``: mask (B, N) is True up to and including the first EOS; ended (B,) if one exists."""
+    is_eos = response_ids == eos_id
+    eos_seen = is_eos.long().cumsum(dim=1)
+    mask = (eos_seen == 0) | (is_eos & (eos_seen == 1))
+    return mask, is_eos.any(dim=1)
+
+
+@dataclass(frozen=True)
+class SequenceBatch:
+    """Prompts (left-padded) followed by responses (right-padded after their EOS).
+
+    Attributes:
+        input_ids: (B, P + N) token ids; columns ``prompt_width:`` are the response.
+        attention_mask: (B, P + N) int64, 1 on prompt tokens and response tokens up to the first EOS.
+        position_ids: (B, P + N) ``cumsum(attention_mask) - 1`` clamped at 0.
+        prompt_width: P, the padded prompt width (every row's last prompt token is at column P - 1).
+    """
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    position_ids: Tensor
+    prompt_width: int
+
+    @staticmethod
+    def build(
+        prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor
+    ) -> SequenceBatch:
+        """Concatenate prompt and response tensors and derive the position ids."""
+        attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
+        return SequenceBatch(
+            input_ids=torch.cat([prompt_ids, response_ids], dim=1),
+            attention_mask=attention_mask,
+            position_ids=position_ids_from_mask(attention_mask),
+            prompt_width=prompt_ids.shape[1],
+        )
+
+    @property
+    def response_ids(self) -> Tensor:
+        """(B, N) the response columns."""
+        return self.input_ids[:, self.prompt_width :]
+
+    @property
+    def response_mask(self) -> Tensor:
+        """(B, N) bool, True on action tokens (response tokens up to and including the first EOS)."""
+        return self.attention_mask[:, self.prompt_width :].bool()
+
+    @property
+    def response_width(self) -> int:
+        """N, the number of response columns."""
+        return self.input_ids.shape[1] - self.prompt_width
+
+    def rows(self, index: Tensor | slice) -> SequenceBatch:
+        """The sub-batch of the given rows (same column layout)."""
+        return SequenceBatch(
+            self.input_ids[index], self.attention_mask[index], self.position_ids[index], self.prompt_width
+        )
+
+
+@dataclass(frozen=True)
+class Generated:
+    """Stage 2's result: ``response_ids`` (B, N) with pad after EOS, ``response_mask`` (B, N) bool,
+    ``ended`` (B,) True where the response stopped at EOS (False: cut at ``max_new_tokens``)."""
+
+    response_ids: Tensor
+    response_mask: Tensor
+    ended: Tensor
+
+
+def sample_from_logits(
+    logits: Tensor, uniforms: Tensor, temperature: float, top_k: int, top_p: float
+) -> Tensor:
+    """Draw one token per row of ``logits`` (B, V) by inverse CDF with ``uniforms`` (B,) in [0, 1).
+
+    The distribution is ``softmax(logits / temperature)`` restricted to the ``top_k`` most probable
+    tokens (0 = all) and to the smallest set whose mass reaches ``top_p`` (1 = all).
+    """
+    probs = torch.softmax(logits.float() / temperature, dim=-1).double()
+    if top_k > 0 or top_p < 1.0:
+        probs, order = probs.sort(dim=-1, descending=True)
+        keep = (probs.cumsum(dim=-1) - probs) < top_p
+        if top_k > 0:
+            keep[:, top_k:] = False
+        probs = torch.where(keep, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
+    else:
+        order = None
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    targets = uniforms.to(device=cdf.device, dtype=cdf.dtype).unsqueeze(-1) * total
+    choice = torch.searchsorted(cdf, targets, right=True).squeeze(-1)
+    # Rounding could put a target at the very end; never pick a zero-probability tail token.
+    choice = torch.minimum(choice, (cdf < total).sum(dim=-1))
+    return choice if order is None else order.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    uniforms: Tensor,
+    *,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> Generated:
+    """Sample up to ``uniforms.shape[1]`` tokens per left-padded prompt, stopping each row at its first EOS.
+
+    ``prompt_ids``/``prompt_mask`` are (B, P) with the last column real for every row; ``uniforms``
+    (B, max_new_tokens) is the per-sample noise. The loop feeds one token per step with the KV
+    cache and stops early once every row has ended. Call it inside the autocast context wanted.
+    """
+    batch, steps = uniforms.shape
+    if steps < 1:
+        raise ValueError(f"uniforms: expected at least one column (max_new_tokens >= 1), got {steps}")
+    if not bool(prompt_mask[:, -1].all()):
+        raise ValueError("prompt_mask: expected left-padded prompts (the last column real in every row)")
+    attention_mask = prompt_mask.long()
+    position_ids = position_ids_from_mask(attention_mask)
+    next_position = position_ids[:, -1:] + 1
+    extra = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
+    output = call_model(
+        model,
+        input_ids=prompt_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=True,
+        **extra,
+    )
+    finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+    pad = torch.full((batch,), pad_id, dtype=torch.long, device=prompt_ids.device)
+    one = torch.ones(batch, 1, dtype=torch.long, device=prompt_ids.device)
+    tokens: list[Tensor] = []
+    for step in range(steps):
+        token = sample_from_logits(output.logits[:, -1], uniforms[:, step], temperature, top_k, top_p)
+        token = torch.where(finished, pad, token)
+        tokens.append(token)
+        finished = finished | (token == eos_id)
+        if step == steps - 1 or bool(finished.all()):
+            break
+        attention_mask = torch.cat([attention_mask, one], dim=1)
+        output = call_model(
+            model,
+            input_ids=token.unsqueeze(1),
+            attention_mask=attention_mask,
+            position_ids=next_position,
+            cache=output_cache(output),
+            use_cache=True,
+        )
+        next_position = next_position + 1
+    response_ids = torch.stack(tokens, dim=1)
+    response_mask, ended = first_eos_mask(response_ids, eos_id)
+    return Generated(response_ids=response_ids, response_mask=response_mask, ended=ended)

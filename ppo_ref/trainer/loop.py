@@ -1,0 +1,687 @@
+"""The PPO-RLHF loop, stage by stage (the numbers are the stages of the algorithm).
+
+    1. sample prompts            2. generate responses          3. score them
+    4. old log-probs, reference log-probs and values (no-grad forwards)
+    5. token rewards (KL penalty on every action token, score on the last)
+    6. GAE advantages, whitened over all action tokens of the rollout batch
+    7. PPO epochs over reshuffled minibatches (:mod:`ppo_ref.trainer.update`)
+    8. metrics and checks
+
+All PPO math is a call to a ppo_ref reference function; this module only moves tensors between
+them. Every random draw is keyed by (seed, stream, iteration, global sample index): see
+:mod:`ppo_ref.trainer.seeding`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator  # type: ignore[import-untyped, unused-ignore]
+from torch import Tensor, nn
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+import ppo_ref
+from ppo_ref import (
+    AdaptiveKLController,
+    FixedKLController,
+    explained_variance,
+    gae,
+    kl_penalty,
+    masked_mean,
+    masked_var,
+    masked_whiten,
+    token_rewards,
+)
+from ppo_ref.trainer.config import TrainerConfig
+from ppo_ref.trainer.generation import SequenceBatch, generate, left_pad
+from ppo_ref.trainer.metrics import AuditLog, MetricsLogger, ProgressBar, plot_metrics, write_summary
+from ppo_ref.trainer.models import (
+    ActorCritic,
+    ResponseOutputs,
+    ScalarHeadCritic,
+    disable_dropout,
+    frozen_copy,
+    parameter_fingerprint,
+    response_logprobs,
+)
+from ppo_ref.trainer.scoring import (
+    FunctionScorer,
+    RewardModelScorer,
+    ScoredBatch,
+    Scorer,
+    apply_missing_eos_rule,
+)
+from ppo_ref.trainer.seeding import Stream, sampling_uniforms, stream_rng
+from ppo_ref.trainer.update import TrainingBatch, UpdateStats, ppo_update
+
+__all__ = ["EvalResult", "PPOTrainer", "ReferenceModelChangedError", "Rollout", "TrainingSetup"]
+
+
+class ReferenceModelChangedError(RuntimeError):
+    """The frozen reference policy's parameters changed during training."""
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """What a run trains: built from a task, or from local checkpoints and a prompts file.
+
+    Attributes:
+        tokenizer: the policy's tokenizer (``pad_token_id`` and ``eos_token_id`` set; may be equal).
+        policy: the causal LM to train (trained in place).
+        train_prompts, eval_prompts: prompt texts; evaluation uses only ``eval_prompts``.
+        reward_function: ``(prompts, responses) -> scores``, or None.
+        reward_model: a one-label sequence classifier, or None (one of the two must be set; with
+            both, the reward model scores training).
+        eval_reward_function: the true score for evaluation when training optimises a proxy (a
+            learned reward model); None: evaluation uses the training reward.
+        reward_tokenizer: the reward model's tokenizer when its vocabulary differs from the
+            policy's (texts are then re-encoded), else None.
+        well_formed: ``(prompt, response) -> bool`` for tasks with a format, else None.
+        reference: the frozen KL reference (same vocabulary as the policy); None = a frozen copy
+            of the initial policy.
+        name: a label for the summary (task name or checkpoint path).
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+    policy: PreTrainedModel
+    train_prompts: Sequence[str]
+    eval_prompts: Sequence[str]
+    reward_function: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None
+    reward_model: PreTrainedModel | None = None
+    eval_reward_function: Callable[[Sequence[str], Sequence[str]], Sequence[float]] | None = None
+    reward_tokenizer: PreTrainedTokenizerBase | None = None
+    well_formed: Callable[[str, str], bool] | None = None
+    reference: PreTrainedModel | None = None
+    name: str = "custom"
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Stages 1-6 of one iteration. Tensors are (B, N) unless noted; masked-out entries are unused.
+
+    Attributes:
+        iteration: the iteration number.
+        sample_index: (B,) global index of each sample in the rollout batch (keys its noise).
+        prompts, responses: texts (responses without EOS).
+        sequences: prompt + response token batch.
+        ended: (B,) True where the response stopped at EOS, False where it was cut at max length.
+        scored: raw scores, missing-EOS adjustment and final scores, (B,) each.
+        old_logprobs, ref_logprobs, values: stage 4 (rollout policy, reference, critic).
+        bootstrap_values: (B,) the critic's value after the last response column.
+        entropy: per-token entropy of the sampling distribution.
+        kl_coef: the KL coefficient used for ``rewards``.
+        kl: per-token KL estimate to the reference (0 off the mask).
+        rewards: stage 5 token rewards.
+        raw_advantages, returns: stage 6 GAE output (not whitened).
+        advantages: ``raw_advantages`` whitened over all action tokens of the batch.
+    """
+
+    iteration: int
+    sample_index: Tensor
+    prompts: list[str]
+    responses: list[str]
+    sequences: SequenceBatch
+    ended: Tensor
+    scored: ScoredBatch
+    old_logprobs: Tensor
+    ref_logprobs: Tensor
+    values: Tensor
+    bootstrap_values: Tensor
+    entropy: Tensor
+    kl_coef: float
+    kl: Tensor
+    rewards: Tensor
+    raw_advantages: Tensor
+    returns: Tensor
+    advantages: Tensor
+
+    @property
+    def mask(self) -> Tensor:
+        """(B, N) bool action mask."""
+        return self.sequences.response_mask
+
+    def training_batch(self) -> TrainingBatch:
+        """The tensors stage 7 trains on."""
+        return TrainingBatch(
+            self.sequences, self.mask, self.old_logprobs, self.values, self.advantages, self.returns
+        )
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Mean score, mean per-sequence KL to the reference, well-formed and EOS rates of an evaluation."""
+
+    score: float
+    kl_ref: float
+    well_formed_rate: float | None
+    eos_rate: float
+    samples: int
+
+
+class PPOTrainer:
+    """PPO-RLHF on transformers models; see the module docstring for the stages."""
+
+    def __init__(
+        self, config: TrainerConfig, setup: TrainingSetup, accelerator: Accelerator | None = None
+    ) -> None:
+        self.config = config
+        self.setup = setup
+        self.accelerator = accelerator or Accelerator(mixed_precision="no")
+        if self.accelerator.num_processes > 1:
+            raise ValueError(
+                "ppo-ref's trainer runs in one process for now (data parallelism is planned); "
+                f"got {self.accelerator.num_processes} processes"
+            )
+        self.device = self.accelerator.device
+        use_bf16 = config.mixed_precision == "bf16" or (
+            config.mixed_precision == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
+        )
+        self.autocast_dtype = torch.bfloat16 if use_bf16 else None
+        self.logprob_tolerance = config.logprob_check_tolerance or (0.25 if use_bf16 else 1e-3)
+        self.tokenizer = setup.tokenizer
+        self.eos_id, self.pad_id = _special_ids(setup.tokenizer)
+        self.train_prompt_ids = self._encode_prompts(setup.train_prompts, "train_prompts")
+        self.eval_prompt_ids = self._encode_prompts(setup.eval_prompts, "eval_prompts")
+        self._build_models()
+        self.kl_controller: FixedKLController = (
+            AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
+            if config.adaptive_kl
+            else FixedKLController(config.kl_coef)
+        )
+        self.nonfinite_steps = 0
+
+    # -- set-up ------------------------------------------------------------------------------------
+
+    def _encode_prompts(self, prompts: Sequence[str], name: str) -> list[list[int]]:
+        if len(prompts) == 0:
+            raise ValueError(f"{name}: expected at least one prompt")
+        encoded = [list(ids) for ids in self.tokenizer(list(prompts))["input_ids"]]
+        limit = getattr(self.setup.policy.config, "max_position_embeddings", None)
+        for index, ids in enumerate(encoded):
+            if not ids:
+                raise ValueError(f"{name}: prompt {index} encodes to no tokens")
+            if isinstance(limit, int) and len(ids) + self.config.max_new_tokens > limit:
+                raise ValueError(
+                    f"{name}: prompt {index} has {len(ids)} tokens; with max_new_tokens="
+                    f"{self.config.max_new_tokens} it exceeds the model's context of {limit}"
+                )
+        return encoded
+
+    def _build_models(self) -> None:
+        """Policy, frozen reference, critic, reward scorer, optimizer (dropout off everywhere)."""
+        config, setup = self.config, self.setup
+        policy = disable_dropout(setup.policy).to(self.device)
+        if setup.reference is not None and getattr(setup.reference.config, "vocab_size", None) != getattr(
+            policy.config, "vocab_size", None
+        ):
+            raise ValueError("reference: expected a causal LM with the policy's vocabulary size")
+        self.reference = frozen_copy(policy if setup.reference is None else setup.reference.to(self.device))
+        self.reference_fingerprint = parameter_fingerprint(self.reference)
+        if config.critic == "value-head":
+            head = nn.Linear(int(policy.config.hidden_size), 1)
+            nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
+            self.actor_critic = ActorCritic(policy, value_head=head.to(self.device))
+        elif config.critic == "reward":
+            if setup.reward_model is None or setup.reward_tokenizer is not None:
+                raise ValueError(
+                    "config field 'critic': 'reward' needs a reward model sharing the policy's vocabulary"
+                )
+            critic = ScalarHeadCritic.from_reward_model(setup.reward_model).to(self.device)
+            self.actor_critic = ActorCritic(policy, critic=critic)
+        else:
+            self.actor_critic = ActorCritic(
+                policy, critic=ScalarHeadCritic.from_policy(policy).to(self.device)
+            )
+        self.train_scorer = self._make_scorer()
+        self.eval_scorer: Scorer = (
+            self.train_scorer
+            if setup.eval_reward_function is None
+            else FunctionScorer(setup.eval_reward_function)
+        )
+        groups = [{"params": self.actor_critic.policy_parameters(), "lr": config.learning_rate}]
+        critic_lr = config.critic_learning_rate or config.learning_rate
+        groups.append({"params": self.actor_critic.critic_parameters(), "lr": critic_lr})
+        lr, eps, decay = config.learning_rate, config.adam_eps, config.weight_decay
+        try:  # the fused kernel (CPU and CUDA) does the same update as the loop, several times faster
+            self.optimizer = torch.optim.AdamW(groups, lr=lr, eps=eps, weight_decay=decay, fused=True)
+        except (RuntimeError, ValueError):
+            self.optimizer = torch.optim.AdamW(groups, lr=lr, eps=eps, weight_decay=decay)
+
+    def _make_scorer(self) -> Scorer:
+        setup = self.setup
+        if setup.reward_model is not None:
+            return RewardModelScorer(
+                setup.reward_model.to(self.device),
+                self.autocast,
+                self.config.forward_batch_size,
+                setup.reward_tokenizer,
+            )
+        if setup.reward_function is None:
+            raise ValueError("setup: expected a reward_function or a reward_model")
+        return FunctionScorer(setup.reward_function)
+
+    def autocast(self) -> AbstractContextManager[object]:
+        """bf16 autocast for model forwards when mixed precision is on, else a no-op."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    @property
+    def policy(self) -> nn.Module:
+        """The policy being trained."""
+        return self.actor_critic.policy
+
+    # -- stages 1-6 --------------------------------------------------------------------------------
+
+    def collect_rollout(self, iteration: int, timings: dict[str, float] | None = None) -> Rollout:
+        """Stages 1-6: sample prompts, generate, score, forward, token rewards, advantages."""
+        config = self.config
+        clock = _Clock(self.device, timings)
+
+        # 1. Sample prompts (keyed by seed and iteration; without replacement when there are enough).
+        count = config.rollout_batch_size
+        chosen = stream_rng(config.seed, Stream.PROMPTS, iteration).choice(
+            len(self.train_prompt_ids), size=count, replace=len(self.train_prompt_ids) < count
+        )
+        prompts = [self.setup.train_prompts[i] for i in chosen]
+        prompt_ids, prompt_mask = left_pad(
+            [self.train_prompt_ids[i] for i in chosen], self.pad_id, self.device
+        )
+        sample_index = torch.arange(count)
+        clock.lap("seconds_prompts")
+
+        # 2. Generate responses (per-sample noise; stop at the first EOS; mask from the first EOS).
+        uniforms = sampling_uniforms(
+            config.seed, Stream.SAMPLING, iteration, sample_index, config.max_new_tokens
+        )
+        sequences, ended, responses = self._generate(prompt_ids, prompt_mask, uniforms, config.temperature)
+        clock.lap("seconds_generate")
+
+        # 3. Score (reward model at the last real token, or a rule), then the missing-EOS rule.
+        raw = self.train_scorer(prompts, responses, sequences, ended.cpu())
+        scored = apply_missing_eos_rule(
+            raw, ended.cpu(), config.missing_eos, config.missing_eos_penalty, config.missing_eos_score
+        )
+        clock.lap("seconds_score")
+
+        # 4. Old log-probs and values (policy in eval mode, logits / temperature), reference log-probs.
+        outputs = self._forward_no_grad(sequences, config.temperature)
+        ref_logprobs = self._reference_logprobs(sequences, config.temperature)
+        assert (
+            outputs.values is not None
+            and outputs.bootstrap_values is not None
+            and outputs.entropy is not None
+        )
+        clock.lap("seconds_forward")
+
+        # 5. Token rewards: -kl_coef * KL on every action token, the score on the last one.
+        mask = sequences.response_mask
+        scores = scored.scores.to(self.device)
+        kl_coef = self.kl_controller.value
+        kl = kl_penalty(outputs.logprobs, ref_logprobs, config.kl_estimator, mask=mask)
+        rewards = token_rewards(scores, outputs.logprobs, ref_logprobs, mask, kl_coef, config.kl_estimator)
+        # The controller sees the mean per-sequence summed KL (kl is 0 off the mask).
+        self.kl_controller.update(float(kl.sum(dim=1).mean()), n_steps=count)
+
+        # 6. GAE (terminal, or bootstrapped from the critic for responses cut at max length),
+        #    then advantages whitened over all action tokens of the batch; returns stay raw.
+        last_values = None
+        if config.truncation == "bootstrap":
+            last_values = torch.where(ended, 0.0, outputs.bootstrap_values)
+        raw_advantages, returns = gae(rewards, outputs.values, mask, config.gamma, config.lam, last_values)
+        advantages = masked_whiten(raw_advantages, mask)
+        clock.lap("seconds_advantages")
+
+        return Rollout(
+            iteration=iteration,
+            sample_index=sample_index,
+            prompts=prompts,
+            responses=responses,
+            sequences=sequences,
+            ended=ended,
+            scored=scored,
+            old_logprobs=outputs.logprobs,
+            ref_logprobs=ref_logprobs,
+            values=outputs.values,
+            bootstrap_values=outputs.bootstrap_values,
+            entropy=outputs.entropy,
+            kl_coef=kl_coef,
+            kl=kl,
+            rewards=rewards,
+            raw_advantages=raw_advantages,
+            returns=returns,
+            advantages=advantages,
+        )
+
+    def _generate(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, uniforms: Tensor, temperature: float, top: bool = True
+    ) -> tuple[SequenceBatch, Tensor, list[str]]:
+        """Stage 2 for a batch: ``(sequences, ended, response texts without EOS)``."""
+        config = self.config
+        step = config.forward_batch_size or prompt_ids.shape[0]
+        uniforms = uniforms.to(self.device)
+        pieces = []
+        for start in range(0, prompt_ids.shape[0], step):
+            rows = slice(start, start + step)
+            with self.autocast():
+                pieces.append(
+                    generate(
+                        self.policy,  # type: ignore[arg-type]
+                        prompt_ids[rows],
+                        prompt_mask[rows],
+                        uniforms[rows],
+                        eos_id=self.eos_id,
+                        pad_id=self.pad_id,
+                        temperature=temperature,
+                        top_k=config.top_k if top else 0,
+                        top_p=config.top_p if top else 1.0,
+                    )
+                )
+        width = max(p.response_ids.shape[1] for p in pieces)
+        response_ids = torch.cat([_pad_right(p.response_ids, width, self.pad_id) for p in pieces])
+        response_mask = torch.cat([_pad_right(p.response_mask, width, False) for p in pieces])
+        ended = torch.cat([p.ended for p in pieces])
+        sequences = SequenceBatch.build(prompt_ids, prompt_mask, response_ids, response_mask)
+        lengths = response_mask.sum(dim=1) - ended.long()  # tokens before the EOS
+        rows_without_eos = [row[:n] for row, n in zip(response_ids.tolist(), lengths.tolist(), strict=True)]
+        return sequences, ended, self.tokenizer.batch_decode(rows_without_eos)
+
+    @torch.no_grad()
+    def _forward_no_grad(
+        self, sequences: SequenceBatch, temperature: float, with_critic: bool = True
+    ) -> ResponseOutputs:
+        """Stage 4 for the policy (and critic, entropies), in chunks of ``forward_batch_size`` rows."""
+        step = self.config.forward_batch_size or sequences.input_ids.shape[0]
+        parts = []
+        for start in range(0, sequences.input_ids.shape[0], step):
+            with self.autocast():
+                parts.append(
+                    self.actor_critic.response_outputs(
+                        sequences.rows(slice(start, start + step)),
+                        temperature,
+                        need_values=with_critic,
+                        need_entropy=with_critic,
+                    )
+                )
+        values = [p.values for p in parts]
+        boots = [p.bootstrap_values for p in parts]
+        entropies = [p.entropy for p in parts]
+        return ResponseOutputs(
+            logprobs=torch.cat([p.logprobs for p in parts]),
+            values=torch.cat(values) if all(v is not None for v in values) else None,  # type: ignore[arg-type]
+            bootstrap_values=torch.cat(boots) if all(b is not None for b in boots) else None,  # type: ignore[arg-type]
+            entropy=torch.cat(entropies) if all(e is not None for e in entropies) else None,  # type: ignore[arg-type]
+        )
+
+    @torch.no_grad()
+    def _reference_logprobs(self, sequences: SequenceBatch, temperature: float) -> Tensor:
+        step = self.config.forward_batch_size or sequences.input_ids.shape[0]
+        parts = []
+        for start in range(0, sequences.input_ids.shape[0], step):
+            with self.autocast():
+                parts.append(
+                    response_logprobs(self.reference, sequences.rows(slice(start, start + step)), temperature)
+                )
+        return torch.cat(parts)
+
+    # -- stage 7 -----------------------------------------------------------------------------------
+
+    def update(self, rollout: Rollout) -> UpdateStats:
+        """Stage 7: the PPO epochs on this rollout (raises on a failed step-0 check)."""
+        stats = ppo_update(
+            self.actor_critic,
+            self.optimizer,
+            rollout.training_batch(),
+            self.config,
+            rollout.iteration,
+            autocast=self.autocast,
+            backward=self.accelerator.backward,
+            clip_grad_norm=self._clip_grad_norm,
+            logprob_tolerance=self.logprob_tolerance,
+            nonfinite_steps_so_far=self.nonfinite_steps,
+        )
+        self.nonfinite_steps += stats.skipped_steps
+        return stats
+
+    def _clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> Tensor:
+        norm = self.accelerator.clip_grad_norm_(parameters, max_norm)
+        return norm if isinstance(norm, Tensor) else torch.tensor(float("nan") if norm is None else norm)
+
+    # -- stage 8 -----------------------------------------------------------------------------------
+
+    def check_reference_unchanged(self) -> None:
+        """Raise if the frozen reference's parameters differ from their initial fingerprint."""
+        if not torch.equal(parameter_fingerprint(self.reference), self.reference_fingerprint):
+            raise ReferenceModelChangedError(
+                "the reference model's parameters changed during training; "
+                "it must stay the frozen initial policy"
+            )
+
+    def iteration_metrics(
+        self, rollout: Rollout, stats: UpdateStats, timings: dict[str, float]
+    ) -> dict[str, Any]:
+        """Stage 8: the metrics.jsonl record of an iteration."""
+        mask = rollout.mask
+        scores = rollout.scored.scores
+        lengths = mask.sum(dim=1).float()
+        record: dict[str, Any] = {
+            "iteration": rollout.iteration,
+            "score_mean": float(scores.mean()),
+            "score_std": float(scores.std()) if scores.numel() > 1 else 0.0,
+            "reward_mean": float(rollout.rewards.sum(dim=1).mean()),
+            "kl_ref": float(rollout.kl.sum(dim=1).mean()),
+            "kl_coef": rollout.kl_coef,
+            "entropy": float(masked_mean(rollout.entropy, mask)),
+            "response_length": float(lengths.mean()),
+            "eos_rate": float(rollout.ended.float().mean()),
+            "clipfrac": stats.clipfrac,
+            "ratio_outside_frac": stats.ratio_outside_frac,
+            "approx_kl": stats.approx_kl,
+            "ratio_mean": stats.ratio_mean,
+            "ratio_max": stats.ratio_max,
+            "policy_loss": stats.policy_loss,
+            "value_loss": stats.value_loss,
+            "explained_variance": float(explained_variance(rollout.values, rollout.returns, mask)),
+            "advantage_mean": float(masked_mean(rollout.raw_advantages, mask)),
+            "advantage_std": math.sqrt(float(masked_var(rollout.raw_advantages, mask))),
+            "value_mean": float(masked_mean(rollout.values, mask)),
+            "logprob_check_max_abs_diff": stats.logprob_check_max_abs_diff,
+            "nonfinite_steps": self.nonfinite_steps,
+            "optimizer_steps": stats.optimizer_steps,
+            "grad_norm_policy": stats.grad_norm_policy,
+            "grad_norm_critic": stats.grad_norm_critic,
+            "well_formed_rate": self._well_formed_rate(rollout.prompts, rollout.responses, rollout.ended),
+        }
+        record.update(timings)
+        return record
+
+    def audit_records(self, rollout: Rollout, count: int) -> list[dict[str, Any]]:
+        """The first ``count`` samples of a rollout in full (rollouts.jsonl); off-mask entries are null."""
+        records = []
+        mask = rollout.mask.cpu()
+        columns = {
+            "old_logprobs": rollout.old_logprobs,
+            "ref_logprobs": rollout.ref_logprobs,
+            "values": rollout.values,
+            "token_rewards": rollout.rewards,
+            "advantages": rollout.advantages,
+        }
+        for row in range(min(count, mask.shape[0])):
+            keep = mask[row].tolist()
+            record: dict[str, Any] = {
+                "iteration": rollout.iteration,
+                "sample_index": int(rollout.sample_index[row]),
+                "prompt": rollout.prompts[row],
+                "response": rollout.responses[row],
+                "response_ids": rollout.sequences.response_ids[row].tolist(),
+                "action_mask": [int(k) for k in keep],
+                "stop_reason": "eos" if bool(rollout.ended[row]) else "length",
+                "score": float(rollout.scored.scores[row]),
+                "score_components": {
+                    "raw": float(rollout.scored.raw[row]),
+                    "missing_eos_adjustment": float(rollout.scored.adjustment[row]),
+                },
+            }
+            for name, tensor in columns.items():
+                values = tensor[row].tolist()
+                record[name] = [v if k else None for v, k in zip(values, keep, strict=True)]
+            record["bootstrap_value"] = float(rollout.bootstrap_values[row])
+            records.append(record)
+        return records
+
+    def _well_formed_rate(
+        self, prompts: Sequence[str], responses: Sequence[str], ended: Tensor
+    ) -> float | None:
+        check = self.setup.well_formed
+        if check is None:
+            return None
+        good = [bool(e) and check(p, r) for p, r, e in zip(prompts, responses, ended.tolist(), strict=True)]
+        return sum(good) / len(good)
+
+    # -- evaluation --------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def evaluate(self) -> EvalResult:
+        """Score ``eval_samples`` responses sampled at temperature 1 from the held-out prompts.
+
+        Prompt i is ``eval_prompts[i % len]``; its noise is keyed by the evaluation stream, never
+        the training one, so the initial and final evaluations see the same prompts and noise.
+        """
+        config = self.config
+        count = config.eval_samples
+        chosen = [i % len(self.eval_prompt_ids) for i in range(count)]
+        prompts = [self.setup.eval_prompts[i] for i in chosen]
+        prompt_ids, prompt_mask = left_pad(
+            [self.eval_prompt_ids[i] for i in chosen], self.pad_id, self.device
+        )
+        uniforms = sampling_uniforms(
+            config.seed, Stream.EVAL_SAMPLING, 0, torch.arange(count), config.max_new_tokens
+        )
+        sequences, ended, responses = self._generate(prompt_ids, prompt_mask, uniforms, 1.0, top=False)
+        raw = self.eval_scorer(prompts, responses, sequences, ended.cpu())
+        scored = apply_missing_eos_rule(
+            raw, ended.cpu(), config.missing_eos, config.missing_eos_penalty, config.missing_eos_score
+        )
+        logprobs = self._forward_no_grad(sequences, 1.0, with_critic=False).logprobs
+        ref_logprobs = self._reference_logprobs(sequences, 1.0)
+        kl = kl_penalty(logprobs, ref_logprobs, config.kl_estimator, mask=sequences.response_mask)
+        return EvalResult(
+            score=float(scored.scores.mean()),
+            kl_ref=float(kl.sum(dim=1).mean()),
+            well_formed_rate=self._well_formed_rate(prompts, responses, ended),
+            eos_rate=float(ended.float().mean()),
+            samples=count,
+        )
+
+    # -- the run -----------------------------------------------------------------------------------
+
+    def train(self, started_at: float | None = None) -> dict[str, Any]:
+        """Evaluate, run ``config.iterations`` iterations, evaluate again; write every output file.
+
+        Returns the summary (also written to OUT/summary.json). ``started_at`` is the
+        ``time.perf_counter()`` of the run's start (e.g. before building the task) for ``wall_seconds``.
+        """
+        config = self.config
+        started_at = time.perf_counter() if started_at is None else started_at
+        out_dir = Path(config.out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        initial = self.evaluate()
+        records: list[dict[str, Any]] = []
+        audit = AuditLog(out_dir)
+        progress = ProgressBar(config.iterations, config.progress_bar)
+        ppo_started = time.perf_counter()
+        try:
+            with MetricsLogger(out_dir, config.tensorboard) as logger:
+                for iteration in range(config.iterations):
+                    timings: dict[str, float] = {}
+                    began = time.perf_counter()
+                    rollout = self.collect_rollout(iteration, timings)  # stages 1-6
+                    clock = _Clock(self.device, timings)
+                    # 7. PPO epochs over reshuffled minibatches.
+                    stats = self.update(rollout)
+                    clock.lap("seconds_update")
+                    # 8. Metrics and checks (the step-0 identity and non-finite steps are checked in 7).
+                    self.check_reference_unchanged()
+                    record = self.iteration_metrics(rollout, stats, timings)
+                    if config.audit_samples:
+                        audit.write(self.audit_records(rollout, config.audit_samples))
+                    clock.lap("seconds_metrics")
+                    record["seconds_metrics"] = timings["seconds_metrics"]
+                    record["seconds_iteration"] = time.perf_counter() - began
+                    record["tokens_per_second"] = float(rollout.mask.sum()) / record["seconds_iteration"]
+                    logger.write(record)
+                    progress.update(record)
+                    records.append(record)
+        finally:
+            audit.close()
+            progress.close()
+        ppo_seconds = time.perf_counter() - ppo_started
+        final = self.evaluate()
+        if config.plots and records:
+            plot_metrics(out_dir, records)
+        summary: dict[str, Any] = {
+            "task": self.setup.name,
+            "seed": config.seed,
+            "iterations": config.iterations,
+            "eval_samples": final.samples,
+            "eval_score_initial": initial.score,
+            "eval_score_final": final.score,
+            "kl_ref_initial": initial.kl_ref,
+            "kl_ref_final": final.kl_ref,
+            "well_formed_rate_initial": initial.well_formed_rate,
+            "well_formed_rate_final": final.well_formed_rate,
+            "eos_rate_initial": initial.eos_rate,
+            "eos_rate_final": final.eos_rate,
+            "nonfinite_steps": self.nonfinite_steps,
+            "ppo_seconds": ppo_seconds,
+            "wall_seconds": time.perf_counter() - started_at,
+            "device": str(self.device),
+            "mixed_precision": "bf16" if self.autocast_dtype is not None else "no",
+            "versions": {"ppo_ref": ppo_ref.__version__, "torch": torch.__version__},
+            "config": asdict(config),
+        }
+        write_summary(out_dir, summary)
+        return summary
+
+
+class _Clock:
+    """Stage timer: ``lap(name)`` stores the seconds since the previous lap (device-synchronised)."""
+
+    def __init__(self, device: torch.device, timings: dict[str, float] | None) -> None:
+        self.device = device
+        self.timings = timings
+        self.last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.timings is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        now = time.perf_counter()
+        self.timings[name] = now - self.last
+        self.last = now
+
+
+def _pad_right(tensor: Tensor, width: int, value: int | bool) -> Tensor:
+    if tensor.shape[1] == width:
+        return tensor
+    fill = torch.full(
+        (tensor.shape[0], width - tensor.shape[1]), value, dtype=tensor.dtype, device=tensor.device
+    )
+    return torch.cat([tensor, fill], dim=1)
+
+
+def _special_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[int, int]:
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    if not isinstance(eos, int):
+        raise ValueError("tokenizer: expected eos_token_id to be set")
+    return eos, pad if isinstance(pad, int) else eos

@@ -1,0 +1,223 @@
+"""Stage 8's outputs: metrics.jsonl (+ TensorBoard), the rollout audit log, the summary and the plots.
+
+Files written to the output directory OUT:
+
+- ``metrics.jsonl``: one JSON object per iteration with :data:`REQUIRED_METRICS`, the per-stage
+  seconds (``seconds_*``), ``tokens_per_second`` and the check diagnostics (:data:`CHECK_METRICS`).
+- ``tensorboard/``: the same scalars as TensorBoard events, when tensorboard is installed.
+- ``rollouts.jsonl``: the first K samples of every iteration in full (see :func:`audit_records`).
+- ``summary.json``: the run's evaluation before and after training, and its wall time.
+- ``score.png``, ``kl_ref.png``, ``entropy.png``, ``response_length.png``: per-iteration plots.
+
+Non-finite numbers are written as JSON ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+__all__ = [
+    "CHECK_METRICS",
+    "PLOTS",
+    "REQUIRED_METRICS",
+    "STAGE_SECONDS",
+    "AuditLog",
+    "MetricsLogger",
+    "ProgressBar",
+    "json_safe",
+    "plot_metrics",
+    "write_summary",
+]
+
+REQUIRED_METRICS: tuple[str, ...] = (
+    "iteration",
+    "score_mean",
+    "score_std",
+    "reward_mean",
+    "kl_ref",
+    "kl_coef",
+    "entropy",
+    "response_length",
+    "eos_rate",
+    "clipfrac",
+    "ratio_outside_frac",
+    "approx_kl",
+    "ratio_mean",
+    "ratio_max",
+    "policy_loss",
+    "value_loss",
+    "explained_variance",
+    "advantage_mean",
+    "advantage_std",
+    "value_mean",
+)
+"""The fields of every metrics.jsonl record required by the trainer issue (README documents each)."""
+
+STAGE_SECONDS: tuple[str, ...] = (
+    "seconds_prompts",
+    "seconds_generate",
+    "seconds_score",
+    "seconds_forward",
+    "seconds_advantages",
+    "seconds_update",
+    "seconds_metrics",
+    "seconds_iteration",
+    "tokens_per_second",
+)
+"""Per-stage wall seconds of each iteration and response tokens generated per second of iteration."""
+
+CHECK_METRICS: tuple[str, ...] = (
+    "logprob_check_max_abs_diff",
+    "nonfinite_steps",
+    "optimizer_steps",
+    "grad_norm_policy",
+    "grad_norm_critic",
+    "well_formed_rate",
+)
+"""Diagnostics of the runtime checks (first-minibatch log-prob identity, skipped steps, gradients)."""
+
+PLOTS: dict[str, tuple[str, str]] = {
+    "score.png": ("score_mean", "mean score"),
+    "kl_ref.png": ("kl_ref", "KL to reference (per sequence)"),
+    "entropy.png": ("entropy", "entropy (nats/token)"),
+    "response_length.png": ("response_length", "response length (tokens)"),
+}
+"""Plot file name -> (metric, y-axis label)."""
+
+
+def json_safe(value: Any) -> Any:
+    """Recursively replace non-finite floats by None (strict JSON) and tuples by lists."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(json_safe(value), allow_nan=False)
+
+
+class MetricsLogger:
+    """Appends one record per iteration to OUT/metrics.jsonl and, if available, to TensorBoard."""
+
+    def __init__(self, out_dir: Path, tensorboard: bool) -> None:
+        self.path = out_dir / "metrics.jsonl"
+        self._handle = open(self.path, "w", encoding="utf-8")  # closed in close()
+        self._writer: Any = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:  # tensorboard is optional
+                self._writer = None
+            else:
+                self._writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Write one iteration's record (flushed at once, so a killed run keeps its lines)."""
+        self._handle.write(_dump(record) + "\n")
+        self._handle.flush()
+        if self._writer is not None:
+            step = int(record["iteration"])
+            for key, value in record.items():
+                if key != "iteration" and isinstance(value, (int, float)) and math.isfinite(value):
+                    self._writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        """Close the files."""
+        self._handle.close()
+        if self._writer is not None:
+            self._writer.close()
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AuditLog:
+    """OUT/rollouts.jsonl: full records of the first K samples of every iteration."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.path = out_dir / "rollouts.jsonl"
+        self._handle = open(self.path, "w", encoding="utf-8")  # closed in close()
+
+    def write(self, records: Iterable[Mapping[str, Any]]) -> None:
+        """Append records (one JSON object per line)."""
+        for record in records:
+            self._handle.write(_dump(record) + "\n")
+        self._handle.flush()
+
+    def close(self) -> None:
+        """Close the file."""
+        self._handle.close()
+
+
+class ProgressBar:
+    """A tqdm bar over iterations showing score, KL, response length and EOS rate (no-op if disabled)."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self._bar: Any = None
+        if enabled:
+            from tqdm.auto import tqdm  # type: ignore[import-untyped, unused-ignore]
+
+            self._bar = tqdm(total=total, desc="ppo", unit="it", dynamic_ncols=True)
+
+    def update(self, record: Mapping[str, Any]) -> None:
+        """Advance by one iteration and show its key figures."""
+        if self._bar is None:
+            return
+        self._bar.set_postfix(
+            score=f"{record['score_mean']:.3f}",
+            kl=f"{record['kl_ref']:.2f}",
+            len=f"{record['response_length']:.1f}",
+            eos=f"{record['eos_rate']:.2f}",
+            refresh=False,
+        )
+        self._bar.update(1)
+
+    def close(self) -> None:
+        """Close the bar."""
+        if self._bar is not None:
+            self._bar.close()
+
+
+def write_summary(out_dir: Path, summary: Mapping[str, Any]) -> Path:
+    """Write OUT/summary.json (indented) and return its path."""
+    path = out_dir / "summary.json"
+    path.write_text(json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def plot_metrics(out_dir: Path, records: Sequence[Mapping[str, Any]]) -> list[Path]:
+    """Write one PNG per entry of :data:`PLOTS` (metric against iteration) into OUT/; return the paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    iterations = [int(r["iteration"]) for r in records]
+    paths = []
+    for file_name, (metric, label) in PLOTS.items():
+        values = [float("nan") if r.get(metric) is None else float(r[metric]) for r in records]
+        figure, axes = plt.subplots(figsize=(5, 3.2), dpi=100)
+        axes.plot(iterations, values, marker="o", markersize=3)
+        axes.set_xlabel("iteration")
+        axes.set_ylabel(label)
+        axes.grid(alpha=0.3)
+        figure.tight_layout()
+        path = out_dir / file_name
+        figure.savefig(path)
+        plt.close(figure)
+        paths.append(path)
+    return paths

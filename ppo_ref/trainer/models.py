@@ -1,0 +1,279 @@
+"""The models of a PPO-RLHF run and the one forward pass that reads them over response tokens.
+
+- policy: any ``AutoModelForCausalLM``; the reference is a frozen copy of its initial weights.
+- critic: a separate backbone plus a scalar head (copied from the policy's backbone with a
+  zero-initialised head, or from the reward model's backbone and head), or a scalar head on the
+  policy's own last hidden state.
+- dropout is switched off in every model, and every model stays in eval mode: the log-probs of
+  the rollout and of the update come from the same deterministic function.
+
+Layout: for a :class:`~ppo_ref.trainer.generation.SequenceBatch` with prompt width P and N response
+columns, the log-prob and value of response token t are read at sequence position P - 1 + t (the
+state before the token); the value at position P + N - 1 (after the last column) is the bootstrap
+value of a response cut at the length limit.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedModel
+
+from ppo_ref import entropy, token_logprobs
+
+if TYPE_CHECKING:
+    from ppo_ref.trainer.generation import SequenceBatch
+
+__all__ = [
+    "ActorCritic",
+    "NonFiniteError",
+    "ResponseOutputs",
+    "ScalarHeadCritic",
+    "call_model",
+    "disable_dropout",
+    "frozen_copy",
+    "output_cache",
+    "parameter_fingerprint",
+    "response_logprobs",
+    "split_sequence_classifier",
+    "supports_logits_to_keep",
+]
+
+
+class NonFiniteError(RuntimeError):
+    """A forward pass produced NaN or inf where the PPO math needs finite numbers."""
+
+
+_FORWARD_PARAMETERS: dict[type, frozenset[str]] = {}
+
+
+def _forward_parameters(model: nn.Module) -> frozenset[str]:
+    """Names of the parameters of ``model.forward`` (a DDP wrapper's model is in ``.module``)."""
+    inner = getattr(model, "module", model)
+    kind = type(inner)
+    if kind not in _FORWARD_PARAMETERS:
+        _FORWARD_PARAMETERS[kind] = frozenset(inspect.signature(inner.forward).parameters)
+    return _FORWARD_PARAMETERS[kind]
+
+
+def supports_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the model's forward accepts ``logits_to_keep`` (compute logits for the last positions only)."""
+    return "logits_to_keep" in _forward_parameters(model)
+
+
+def call_model(model: nn.Module, **kwargs: Any) -> Any:
+    """Call ``model`` with keyword arguments only; ``cache=`` goes to ``cache`` or ``past_key_values``."""
+    if "cache" in kwargs and "cache" not in _forward_parameters(model):
+        kwargs["past_key_values"] = kwargs.pop("cache")
+    return model(**kwargs)
+
+
+def output_cache(output: Any) -> Any:
+    """The KV cache of a model output (``cache`` in transformers 5, ``past_key_values`` before)."""
+    found = output.get("cache")
+    return found if found is not None else output.get("past_key_values")
+
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def disable_dropout(model: ModuleT) -> ModuleT:
+    """Set every dropout probability to 0 and put the model in eval mode (it stays there)."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+    config = getattr(model, "config", None)
+    for name in ("attn_pdrop", "resid_pdrop", "embd_pdrop", "attention_dropout", "hidden_dropout", "dropout"):
+        if config is not None and isinstance(getattr(config, name, None), float):
+            setattr(config, name, 0.0)
+    return model.eval()
+
+
+def frozen_copy(model: ModuleT) -> ModuleT:
+    """A deep copy with gradients off, dropout off and eval mode: the reference policy."""
+    copied = disable_dropout(copy.deepcopy(model))
+    copied.requires_grad_(False)
+    return copied
+
+
+def parameter_fingerprint(model: nn.Module) -> Tensor:
+    """Float64 sums and absolute sums of every parameter tensor: changes if any weight changes."""
+    with torch.no_grad():
+        sums = [p.detach().double().sum() for p in model.parameters()]
+        abs_sums = [p.detach().double().abs().sum() for p in model.parameters()]
+        return torch.stack(sums + abs_sums).cpu()
+
+
+def _hidden_size(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    size = getattr(config, "hidden_size", None)
+    if not isinstance(size, int):
+        raise ValueError(f"model: cannot find config.hidden_size on {type(model).__name__}")
+    return size
+
+
+def split_sequence_classifier(reward_model: PreTrainedModel) -> tuple[nn.Module, nn.Linear]:
+    """``(backbone, head)`` of a decoder-style ``*ForSequenceClassification`` with one output.
+
+    The score must be readable at any position (here: the last real token), so the head must be a
+    single ``Linear(hidden, 1)`` beside the backbone, as in GPT-2, Llama, Qwen or Mistral classifiers.
+    """
+    backbone = reward_model.base_model
+    heads = [
+        module
+        for module in reward_model.children()
+        if module is not backbone and not isinstance(module, nn.modules.dropout._DropoutNd)
+    ]
+    if backbone is reward_model or len(heads) != 1 or not isinstance(heads[0], nn.Linear):
+        names = [type(m).__name__ for m in reward_model.children()]
+        raise ValueError(
+            f"reward model: expected a backbone plus one Linear head (a decoder-style sequence classifier), "
+            f"got {type(reward_model).__name__} with children {names}"
+        )
+    if heads[0].out_features != 1:
+        raise ValueError(f"reward model: expected one output (num_labels=1), got {heads[0].out_features}")
+    return backbone, heads[0]
+
+
+class ScalarHeadCritic(nn.Module):
+    """A value model: a transformer backbone and a ``Linear(hidden, 1)`` head read at every position."""
+
+    def __init__(self, backbone: nn.Module, head: nn.Linear) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = head
+
+    @staticmethod
+    def from_policy(policy: PreTrainedModel) -> ScalarHeadCritic:
+        """Copy the policy's backbone; the head starts at zero, so every initial value is 0."""
+        head = nn.Linear(_hidden_size(policy), 1)
+        nn.init.zeros_(head.weight)
+        nn.init.zeros_(head.bias)
+        return disable_dropout(ScalarHeadCritic(copy.deepcopy(policy.base_model), head))
+
+    @staticmethod
+    def from_reward_model(reward_model: PreTrainedModel) -> ScalarHeadCritic:
+        """Copy the reward model's backbone and head: the initial values are its scores."""
+        backbone, head = split_sequence_classifier(reward_model)
+        return disable_dropout(ScalarHeadCritic(copy.deepcopy(backbone), copy.deepcopy(head)))
+
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, keep_last: int
+    ) -> Tensor:
+        """Values (B, keep_last) in float32 at the last ``keep_last`` positions."""
+        hidden = call_model(
+            self.backbone, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
+        values: Tensor = self.head(hidden[:, -keep_last:]).squeeze(-1).float()
+        return values
+
+
+@dataclass(frozen=True)
+class ResponseOutputs:
+    """Per-response-token outputs of :meth:`ActorCritic.response_outputs` (float32).
+
+    Attributes:
+        logprobs: (B, N) log-probs of the response tokens under ``softmax(logits / temperature)``.
+        values: (B, N) V(state before token t), or None if not asked for.
+        bootstrap_values: (B,) V after the last response column, or None.
+        entropy: (B, N) entropy of ``softmax(logits / temperature)`` before token t, or None.
+    """
+
+    logprobs: Tensor
+    values: Tensor | None
+    bootstrap_values: Tensor | None
+    entropy: Tensor | None
+
+
+def _logprobs_and_logits(
+    model: nn.Module, sequences: SequenceBatch, temperature: float, **extra: Any
+) -> tuple[Tensor, Tensor, Any]:
+    """Forward ``model`` over the batch; return log-probs (B, N), logits at positions P-1..L-1, output."""
+    width = sequences.response_width + 1
+    if supports_logits_to_keep(model):
+        extra["logits_to_keep"] = width
+    output = call_model(
+        model,
+        input_ids=sequences.input_ids,
+        attention_mask=sequences.attention_mask,
+        position_ids=sequences.position_ids,
+        **extra,
+    )
+    logits = output.logits[:, -width:]
+    try:
+        logprobs = token_logprobs(logits, sequences.input_ids[:, -width:], temperature)
+    except ValueError:
+        if not bool(torch.isfinite(logits).all()):
+            raise NonFiniteError(f"{type(model).__name__} produced non-finite logits") from None
+        raise
+    return logprobs, logits, output
+
+
+def response_logprobs(model: nn.Module, sequences: SequenceBatch, temperature: float) -> Tensor:
+    """(B, N) log-probs of the response tokens under ``model`` (e.g. the frozen reference)."""
+    return _logprobs_and_logits(model, sequences, temperature)[0]
+
+
+class ActorCritic:
+    """The trained models: the policy and its critic (separate, or a head on the policy)."""
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        critic: ScalarHeadCritic | None = None,
+        value_head: nn.Linear | None = None,
+    ) -> None:
+        if (critic is None) == (value_head is None):
+            raise ValueError("critic/value_head: expected exactly one of a separate critic or a value head")
+        self.policy = disable_dropout(policy)
+        self.critic = None if critic is None else disable_dropout(critic)
+        self.value_head = None if value_head is None else value_head.eval()
+
+    def policy_parameters(self) -> list[nn.Parameter]:
+        """Parameters of the policy (without a value head)."""
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """Parameters that only the value loss trains (the separate critic, or the value head)."""
+        critic: nn.Module = self.critic if self.critic is not None else self.value_head  # type: ignore[assignment]
+        return [p for p in critic.parameters() if p.requires_grad]
+
+    def response_outputs(
+        self,
+        sequences: SequenceBatch,
+        temperature: float,
+        *,
+        need_values: bool = True,
+        need_entropy: bool = False,
+    ) -> ResponseOutputs:
+        """Log-probs (and values, entropies) of the response tokens: the same code for rollout and update."""
+        shared_values = need_values and self.value_head is not None
+        extra = {"output_hidden_states": True} if shared_values else {}
+        logprobs, logits, output = _logprobs_and_logits(self.policy, sequences, temperature, **extra)
+        entropies = entropy(logits[:, :-1] / temperature) if need_entropy else None
+        all_values = None
+        if shared_values:
+            assert self.value_head is not None
+            width = sequences.response_width + 1
+            all_values = self.value_head(output.hidden_states[-1][:, -width:]).squeeze(-1).float()
+        elif need_values:
+            assert self.critic is not None
+            all_values = self.critic(
+                sequences.input_ids,
+                sequences.attention_mask,
+                sequences.position_ids,
+                keep_last=sequences.response_width + 1,
+            )
+        if all_values is not None and not bool(torch.isfinite(all_values).all()):
+            raise NonFiniteError("the critic produced non-finite values")
+        return ResponseOutputs(
+            logprobs=logprobs,
+            values=None if all_values is None else all_values[:, :-1],
+            bootstrap_values=None if all_values is None else all_values[:, -1],
+            entropy=entropies,
+        )

@@ -1,0 +1,250 @@
+"""Stage 7: PPO epochs over reshuffled minibatches, with token-count-normalised gradient accumulation.
+
+A minibatch's loss is one token-mean over all its action tokens, however it is split into
+micro-batches: each micro-batch's token-mean loss is weighted by its share of the minibatch's
+tokens (its share of rows for the ``seq-mean-*`` policy-loss aggregations), so the accumulated
+gradient equals the gradient of the whole minibatch's loss (known bug E4: a plain mean of
+micro-batch means weights a 1-token micro-batch like a 9-token one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ppo_ref import masked_mean, policy_loss, value_loss
+from ppo_ref.trainer.config import TrainerConfig
+from ppo_ref.trainer.generation import SequenceBatch
+from ppo_ref.trainer.models import ActorCritic, NonFiniteError
+from ppo_ref.trainer.seeding import Stream, stream_rng
+
+__all__ = [
+    "LogprobMismatchError",
+    "MinibatchResult",
+    "TooManyNonFiniteStepsError",
+    "TrainingBatch",
+    "UpdateStats",
+    "minibatch_backward",
+    "ppo_update",
+]
+
+
+class LogprobMismatchError(RuntimeError):
+    """The first minibatch's recomputed log-probs differ from the rollout's old log-probs."""
+
+
+class TooManyNonFiniteStepsError(RuntimeError):
+    """More optimizer steps were skipped for non-finite values than ``max_nonfinite_steps`` allows."""
+
+
+@dataclass(frozen=True)
+class TrainingBatch:
+    """What stage 7 needs from a rollout; every tensor is (B, N) except ``sequences``."""
+
+    sequences: SequenceBatch
+    mask: Tensor
+    old_logprobs: Tensor
+    old_values: Tensor
+    advantages: Tensor
+    returns: Tensor
+
+    def rows(self, index: Tensor | slice) -> TrainingBatch:
+        """The sub-batch of the given rows."""
+        return TrainingBatch(
+            self.sequences.rows(index),
+            self.mask[index],
+            self.old_logprobs[index],
+            self.old_values[index],
+            self.advantages[index],
+            self.returns[index],
+        )
+
+    @property
+    def size(self) -> int:
+        """Number of rows."""
+        return self.mask.shape[0]
+
+
+@dataclass
+class MinibatchResult:
+    """Statistics of one minibatch (token-weighted over its micro-batches) before its optimizer step."""
+
+    policy_loss: float = 0.0
+    value_loss: float = 0.0
+    clipfrac: float = 0.0
+    ratio_outside_frac: float = 0.0
+    approx_kl: float = 0.0
+    ratio_mean: float = 0.0
+    ratio_max: float = 0.0
+    max_abs_log_ratio: float = 0.0
+
+
+@dataclass
+class UpdateStats:
+    """Stage 7's statistics for one iteration, averaged over the optimizer steps taken."""
+
+    policy_loss: float = math.nan
+    value_loss: float = math.nan
+    clipfrac: float = math.nan
+    ratio_outside_frac: float = math.nan
+    approx_kl: float = math.nan
+    ratio_mean: float = math.nan
+    ratio_max: float = math.nan
+    logprob_check_max_abs_diff: float = math.nan
+    grad_norm_policy: float = math.nan
+    grad_norm_critic: float = math.nan
+    optimizer_steps: int = 0
+    skipped_steps: int = 0
+    early_stopped: bool = False
+    minibatches: list[MinibatchResult] = field(default_factory=list)
+
+
+def minibatch_backward(
+    actor_critic: ActorCritic,
+    batch: TrainingBatch,
+    config: TrainerConfig,
+    autocast: Callable[[], AbstractContextManager[object]],
+    backward: Callable[[Tensor], None],
+) -> MinibatchResult:
+    """Forward and backward one minibatch in micro-batches; gradients accumulate in ``.grad``.
+
+    Raises :class:`NonFiniteError` if a forward pass or the loss is not finite (the caller skips
+    the step). No optimizer step is taken here.
+    """
+    # The normalisers of the whole minibatch (with data parallelism: summed over all ranks).
+    total_tokens = batch.mask.sum()
+    total_rows = batch.mask.any(dim=1).sum()
+    micro = config.micro_batch_size or batch.size
+    result = MinibatchResult()
+    for start in range(0, batch.size, micro):
+        part = batch.rows(slice(start, start + micro))
+        with autocast():
+            outputs = actor_critic.response_outputs(
+                part.sequences, config.temperature, need_values=True, need_entropy=config.entropy_coef > 0
+            )
+        assert outputs.values is not None
+        token_weight = part.mask.sum() / total_tokens
+        row_weight = part.mask.any(dim=1).sum() / total_rows
+        policy = policy_loss(
+            outputs.logprobs, part.old_logprobs, part.advantages, part.mask, config.clip_eps, config.loss_agg
+        )
+        values = value_loss(outputs.values, part.old_values, part.returns, part.mask, config.value_clip_eps)
+        policy_weight = token_weight if config.loss_agg == "token-mean" else row_weight
+        loss = policy_weight * policy.loss + config.vf_coef * token_weight * values
+        if outputs.entropy is not None:
+            loss = loss - config.entropy_coef * token_weight * masked_mean(outputs.entropy, part.mask)
+        if not bool(torch.isfinite(loss)):
+            raise NonFiniteError(f"non-finite loss {float(loss)} in a micro-batch")
+        backward(loss)
+        with torch.no_grad():
+            log_ratio = torch.where(part.mask, outputs.logprobs - part.old_logprobs, 0.0).abs().amax()
+            weight = float(token_weight)
+            result.policy_loss += float(policy_weight * policy.loss)
+            result.value_loss += weight * float(values)
+            result.clipfrac += weight * float(policy.clipfrac)
+            result.ratio_outside_frac += weight * float(policy.ratio_outside_frac)
+            result.approx_kl += weight * float(policy.approx_kl)
+            result.ratio_mean += weight * float(policy.ratio_mean)
+            result.ratio_max = max(result.ratio_max, float(policy.ratio_max))
+            result.max_abs_log_ratio = max(result.max_abs_log_ratio, float(log_ratio))
+    return result
+
+
+def _mismatch_message(diff: float, tolerance: float) -> str:
+    return (
+        f"log-probs recomputed at the first minibatch, before any update, differ from the rollout's "
+        f"old log-probs by up to {diff:.3g} nats (tolerance {tolerance:g}); the step-0 ratio must be 1. "
+        "Likely causes: dropout active in the policy (a dropout layer with p > 0 or a model in train "
+        "mode); the sampling temperature not applied to both (logits / temperature for old and new "
+        "log-probs); padding or position ids (position ids must be cumsum(attention_mask) - 1 in every "
+        "forward, with left-padded prompts); or batch-composition noise in low precision (raise "
+        "logprob_check_tolerance)."
+    )
+
+
+def ppo_update(
+    actor_critic: ActorCritic,
+    optimizer: torch.optim.Optimizer,
+    batch: TrainingBatch,
+    config: TrainerConfig,
+    iteration: int,
+    *,
+    autocast: Callable[[], AbstractContextManager[object]],
+    backward: Callable[[Tensor], None],
+    clip_grad_norm: Callable[[list[torch.nn.Parameter], float], Tensor],
+    logprob_tolerance: float,
+    nonfinite_steps_so_far: int = 0,
+) -> UpdateStats:
+    """Run the PPO epochs of one iteration; return their statistics.
+
+    Each epoch reshuffles the rollout rows (keyed by seed, iteration and epoch) and takes one
+    optimizer step per minibatch. The first minibatch is checked for the step-0 identity; a step
+    with non-finite values is skipped and counted, and the run stops (raises) once more than
+    ``config.max_nonfinite_steps`` were skipped. With ``target_approx_kl`` the epochs stop after a
+    minibatch whose approx-KL to the rollout policy exceeds it.
+    """
+    stats = UpdateStats()
+    policy_params, critic_params = actor_critic.policy_parameters(), actor_critic.critic_parameters()
+    max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
+    policy_norms: list[float] = []
+    critic_norms: list[float] = []
+    size = config.minibatch_size
+    for epoch in range(config.ppo_epochs):
+        order = torch.from_numpy(
+            stream_rng(config.seed, Stream.SHUFFLE, iteration, epoch).permutation(batch.size)
+        )
+        for start in range(0, batch.size, size):
+            rows = order[start : start + size].to(batch.mask.device)
+            first = epoch == 0 and start == 0
+            try:
+                result = minibatch_backward(actor_critic, batch.rows(rows), config, autocast, backward)
+                if first:
+                    stats.logprob_check_max_abs_diff = result.max_abs_log_ratio
+                    if not result.max_abs_log_ratio <= logprob_tolerance:
+                        raise LogprobMismatchError(
+                            _mismatch_message(result.max_abs_log_ratio, logprob_tolerance)
+                        )
+                policy_norm = float(clip_grad_norm(policy_params, max_norm))
+                critic_norm = float(clip_grad_norm(critic_params, max_norm))
+                if not (math.isfinite(policy_norm) and math.isfinite(critic_norm)):
+                    raise NonFiniteError("non-finite gradient norm")
+            except NonFiniteError as error:
+                optimizer.zero_grad(set_to_none=True)
+                stats.skipped_steps += 1
+                if nonfinite_steps_so_far + stats.skipped_steps > config.max_nonfinite_steps:
+                    raise TooManyNonFiniteStepsError(
+                        f"{nonfinite_steps_so_far + stats.skipped_steps} optimizer steps skipped for "
+                        f"non-finite values (max_nonfinite_steps={config.max_nonfinite_steps}); last: {error}"
+                    ) from error
+                continue
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            stats.optimizer_steps += 1
+            stats.minibatches.append(result)
+            policy_norms.append(policy_norm)
+            critic_norms.append(critic_norm)
+            if config.target_approx_kl is not None and result.approx_kl > config.target_approx_kl:
+                stats.early_stopped = True
+                break
+        if stats.early_stopped:
+            break
+    done = stats.minibatches
+    if done:
+        for name in (
+            "policy_loss",
+            "value_loss",
+            "clipfrac",
+            "ratio_outside_frac",
+            "approx_kl",
+            "ratio_mean",
+        ):
+            setattr(stats, name, sum(getattr(m, name) for m in done) / len(done))
+        stats.ratio_max = max(m.ratio_max for m in done)
+        stats.grad_norm_policy = sum(policy_norms) / len(policy_norms)
+        stats.grad_norm_critic = sum(critic_norms) / len(critic_norms)
+    return stats

@@ -4,6 +4,14 @@ Every field of :class:`~ppo_ref.trainer.config.TrainerConfig` has an override fl
 for ``max_new_tokens``; ``--tensorboard``/``--no-tensorboard`` for booleans; ``none`` for an optional
 value). Priority: flags > TOML file > the task's overrides > defaults. Every value is checked
 before any work starts; a bad one is an error naming the field, with exit status 2.
+
+``--resume PATH`` continues a run from a checkpoint (a run directory: its newest complete one; or
+one ``checkpoints/iter-NNNNNN`` directory) with the checkpoint's config; flags may change only the
+fields that do not determine the run's math (``--iterations`` is the run's total, ``--out`` may be
+a new directory and defaults to the checkpoint's run directory).
+
+Exit status: 0 done; 1 the run stopped on an error of its own (a bad score, a failed runtime check);
+2 a bad command line, config or input file; 130 stopped by SIGINT/SIGTERM after writing a checkpoint.
 """
 
 from __future__ import annotations
@@ -84,6 +92,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--config", metavar="FILE.toml", help="TOML file of config fields (flat 'field = value')"
     )
+    train.add_argument(
+        "--resume",
+        metavar="PATH",
+        help=(
+            "continue the run saved in PATH: a run directory (its newest complete checkpoint) or one "
+            "checkpoints/iter-NNNNNN directory; --iterations is the run's total, --out may be new"
+        ),
+    )
     docs, types_ = field_docs(), field_types()
     for f in fields(TrainerConfig):
         default = f.default if f.default is not MISSING else None
@@ -110,6 +126,15 @@ def _print_summary(summary: dict[str, Any]) -> None:
     def show(value: Any) -> str:
         return "n/a" if value is None else f"{value:.3f}"
 
+    if summary.get("interrupted"):
+        print(
+            f"stopped by {summary['interrupted']} after {summary['iterations_done']} iterations; "
+            f"checkpoint {summary['last_checkpoint']}; continue with: ppo-ref train --resume "
+            f"{summary['config']['out']}",
+            file=sys.stderr,
+        )
+        return
+
     print(
         f"eval score {show(summary['eval_score_initial'])} -> {show(summary['eval_score_final'])}, "
         f"KL to reference {show(summary['kl_ref_final'])}, "
@@ -119,14 +144,27 @@ def _print_summary(summary: dict[str, Any]) -> None:
     )
 
 
-def resolve_config(args: argparse.Namespace) -> tuple[TrainerConfig, set[str]]:
-    """The config from defaults, ``--config`` TOML and flags, and the names of the fields the user set.
-
-    Raises ``ValueError`` naming the field (and the TOML file) for any bad name, type or value.
-    """
+def _user_values(args: argparse.Namespace) -> dict[str, Any]:
     names = {f.name for f in fields(TrainerConfig)}
     values: dict[str, Any] = config_from_toml(args.config) if args.config else {}
     values.update({k: v for k, v in vars(args).items() if k in names})
+    return values
+
+
+def resolve_config(args: argparse.Namespace) -> tuple[TrainerConfig, set[str]]:
+    """The config from defaults, ``--config`` TOML and flags, and the names of the fields the user set.
+
+    With ``--resume`` the base is the checkpoint's config instead of the defaults, and every field
+    counts as set (the task's overrides are already in it). Raises ``ValueError`` naming the field
+    (and the TOML file) for any bad name, type or value.
+    """
+    values = _user_values(args)
+    if getattr(args, "resume", None):
+        from ppo_ref.trainer.checkpoint import load_checkpoint
+        from ppo_ref.trainer.resume import resumed_config
+
+        config = resumed_config(load_checkpoint(args.resume), values)
+        return config, {f.name for f in fields(TrainerConfig)}
     return TrainerConfig(**values), set(values)
 
 
@@ -140,14 +178,31 @@ def _train(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         setup, config = build_setup(config, user_fields)
         from ppo_ref.trainer.loop import PPOTrainer
 
-        trainer = PPOTrainer(config, setup)
+        trainer = PPOTrainer(config, setup, resume=args.resume)
     except ValueError as error:
         parser.print_usage(sys.stderr)
         print(f"ppo-ref train: error: {error}", file=sys.stderr)
         return 2
-    summary = trainer.train(started_at=started)
-    _print_summary(summary)
-    return 0
+    from ppo_ref.trainer import (
+        BadScoreError,
+        LogprobMismatchError,
+        ReferenceModelChangedError,
+        TooManyNonFiniteStepsError,
+    )
+
+    try:
+        summary = trainer.train(started_at=started)
+    except (
+        BadScoreError,
+        LogprobMismatchError,
+        ReferenceModelChangedError,
+        TooManyNonFiniteStepsError,
+    ) as error:
+        print(f"ppo-ref train: error: {error}", file=sys.stderr)
+        return 1
+    if trainer.parallel.is_main:
+        _print_summary(summary)
+    return 130 if summary.get("interrupted") else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

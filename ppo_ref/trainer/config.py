@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 __all__ = [
+    "RESUME_MUTABLE_FIELDS",
     "TrainerConfig",
     "check_field_values",
     "config_from_toml",
@@ -35,7 +36,7 @@ class TrainerConfig:
 
     # -- run ------------------------------------------------------------------------------------
     task: str = "positive-review"
-    """Built-in task: positive-review, positive-review-rm, reverse or length."""
+    """Built-in task: positive-review, positive-review-rm, reverse, length or smollm2-sentiment."""
     iterations: int = 50
     """Number of PPO iterations (rollout + update)."""
     seed: int = 0
@@ -72,6 +73,9 @@ class TrainerConfig:
     """Subtracted from the score of a response without EOS when missing_eos = 'penalty'."""
     missing_eos_score: float = -1.0
     """The score of a response without EOS when missing_eos = 'replace'."""
+    on_bad_score: Literal["error", "skip"] = "error"
+    """A score that is not a finite number (or a reward function that raises on a sample): stop with
+    an error naming the sample, or skip (drop the sample from training; counted in skipped_samples)."""
     kl_coef: float = 0.05
     """KL penalty coefficient beta (the initial one when adaptive_kl is on)."""
     adaptive_kl: bool = False
@@ -138,6 +142,8 @@ class TrainerConfig:
     """Show a console progress bar with the key figures."""
     plots: bool = True
     """Write PNG plots of score, KL, entropy and response length to OUT/."""
+    save_every: int = 0
+    """Write a checkpoint to OUT/checkpoints/iter-NNNNNN every K iterations (0 = only the last one)."""
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"
     """Model forwards in bf16 autocast ('auto' = bf16 on CUDA, float32 on CPU); PPO math stays float32."""
 
@@ -150,7 +156,7 @@ class TrainerConfig:
     def _check_ranges(self) -> None:
         for name in ("iterations", "rollout_batch_size", "max_new_tokens", "ppo_epochs", "num_minibatches"):
             _require(getattr(self, name) >= 1, name, "an int >= 1")
-        for name in ("seed", "top_k", "max_nonfinite_steps", "audit_samples"):
+        for name in ("seed", "top_k", "max_nonfinite_steps", "audit_samples", "save_every"):
             _require(getattr(self, name) >= 0, name, "an int >= 0")
         _require(self.eval_samples >= 1, "eval_samples", "an int >= 1")
         for name in ("forward_batch_size", "micro_batch_size"):
@@ -182,6 +188,15 @@ class TrainerConfig:
     def minibatch_size(self) -> int:
         """Rows per minibatch (one optimizer step)."""
         return self.rollout_batch_size // self.num_minibatches
+
+
+RESUME_MUTABLE_FIELDS: frozenset[str] = frozenset(
+    {"iterations", "out", "save_every", "tensorboard", "progress_bar", "plots", "audit_samples"}
+    | {"max_nonfinite_steps", "on_bad_score"}
+)
+"""Fields a resumed run may set differently from its checkpoint; the others determine the run's
+math and must stay as they were (``on_bad_score`` may change so that a run stopped by a bad score
+can go on skipping it)."""
 
 
 def _require(ok: bool, name: str, expected: str) -> None:

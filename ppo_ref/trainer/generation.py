@@ -10,8 +10,9 @@ EOS).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,12 +37,19 @@ def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
 
 
 def left_pad(
-    rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None
+    rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None, width: int | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Left-pad token-id lists to ``(input_ids, attention_mask)``, both (B, width) int64."""
+    """Left-pad token-id lists to ``(input_ids, attention_mask)``, both (B, width) int64.
+
+    ``width`` defaults to the longest row; a larger one adds pad columns (a process pads its rows
+    to the width of the whole batch, so its layout is the one-process layout).
+    """
     if not rows or any(len(row) == 0 for row in rows):
         raise ValueError("rows: expected a non-empty list of non-empty token-id lists (an empty prompt?)")
-    width = max(len(row) for row in rows)
+    longest = max(len(row) for row in rows)
+    if width is not None and width < longest:
+        raise ValueError(f"width: expected at least the longest row ({longest}), got {width}")
+    width = longest if width is None else width
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for index, row in enumerate(rows):
@@ -127,7 +135,8 @@ def sample_from_logits(
     The distribution is ``softmax(logits / temperature)`` restricted to the ``top_k`` most probable
     tokens (0 = all) and to the smallest set whose mass reaches ``top_p`` (1 = all).
     """
-    probs = torch.softmax(logits.float() / temperature, dim=-1).double()
+    wide = logits if logits.dtype == torch.float64 else logits.float()
+    probs = torch.softmax(wide / temperature, dim=-1).double()
     if top_k > 0 or top_p < 1.0:
         probs, order = probs.sort(dim=-1, descending=True)
         keep = (probs.cumsum(dim=-1) - probs) < top_p
@@ -147,7 +156,7 @@ def sample_from_logits(
 
 @torch.no_grad()
 def generate(
-    model: PreTrainedModel,
+    model: PreTrainedModel | Callable[..., Any],
     prompt_ids: Tensor,
     prompt_mask: Tensor,
     uniforms: Tensor,
@@ -157,12 +166,15 @@ def generate(
     temperature: float = 1.0,
     top_k: int = 0,
     top_p: float = 1.0,
+    all_ended: Callable[[bool], bool] | None = None,
 ) -> Generated:
     """Sample up to ``uniforms.shape[1]`` tokens per left-padded prompt, stopping each row at its first EOS.
 
     ``prompt_ids``/``prompt_mask`` are (B, P) with the last column real for every row; ``uniforms``
     (B, max_new_tokens) is the per-sample noise. The loop feeds one token per step with the KV
-    cache and stops early once every row has ended. Call it inside the autocast context wanted.
+    cache and stops early once every row has ended; with several processes, ``all_ended`` turns
+    "my rows have ended" into "every process's rows have ended", so all make the same forward
+    calls (needed when parameters are sharded). Call it inside the autocast context wanted.
     """
     batch, steps = uniforms.shape
     if steps < 1:
@@ -190,7 +202,10 @@ def generate(
         token = torch.where(finished, pad, token)
         tokens.append(token)
         finished = finished | (token == eos_id)
-        if step == steps - 1 or bool(finished.all()):
+        done = bool(finished.all())
+        if all_ended is not None:
+            done = all_ended(done)
+        if step == steps - 1 or done:
             break
         attention_mask = torch.cat([attention_mask, one], dim=1)
         output = call_model(

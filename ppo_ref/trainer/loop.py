@@ -5,11 +5,13 @@
     5. token rewards (KL penalty on every action token, score on the last)
     6. GAE advantages, whitened over all action tokens of the rollout batch
     7. PPO epochs over reshuffled minibatches (:mod:`ppo_ref.trainer.update`)
-    8. metrics and checks
+    8. metrics, checks and checkpoints
 
 All PPO math is a call to a ppo_ref reference function; this module only moves tensors between
 them. Every random draw is keyed by (seed, stream, iteration, global sample index): see
-:mod:`ppo_ref.trainer.seeding`.
+:mod:`ppo_ref.trainer.seeding`. With several processes each one generates, scores and forwards its
+rows of the batch, and everything batch-wide is computed on the gathered batch: see
+:mod:`ppo_ref.trainer.distributed`. Checkpoints and resuming: :mod:`ppo_ref.trainer.resume`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +42,12 @@ from ppo_ref import (
     masked_whiten,
     token_rewards,
 )
+from ppo_ref.trainer import resume as resuming
+from ppo_ref.trainer.checkpoint import remove_stale_temporaries
 from ppo_ref.trainer.config import TrainerConfig
+from ppo_ref.trainer.distributed import DataParallel, default_accelerator
 from ppo_ref.trainer.generation import SequenceBatch, generate, left_pad
+from ppo_ref.trainer.interrupt import StopRequest
 from ppo_ref.trainer.metrics import AuditLog, MetricsLogger, ProgressBar, plot_metrics, write_summary
 from ppo_ref.trainer.models import (
     ActorCritic,
@@ -49,18 +55,21 @@ from ppo_ref.trainer.models import (
     ScalarHeadCritic,
     disable_dropout,
     frozen_copy,
+    parameter_dtype,
     parameter_fingerprint,
     response_logprobs,
 )
+from ppo_ref.trainer.rollout import EvalResult, Rollout, gather_rollout
 from ppo_ref.trainer.scoring import (
     FunctionScorer,
     RewardModelScorer,
     ScoredBatch,
     Scorer,
     apply_missing_eos_rule,
+    check_scores,
 )
 from ppo_ref.trainer.seeding import Stream, sampling_uniforms, stream_rng
-from ppo_ref.trainer.update import TrainingBatch, UpdateStats, ppo_update
+from ppo_ref.trainer.update import UpdateStats, ppo_update
 
 __all__ = ["EvalResult", "PPOTrainer", "ReferenceModelChangedError", "Rollout", "TrainingSetup"]
 
@@ -103,83 +112,30 @@ class TrainingSetup:
     name: str = "custom"
 
 
-@dataclass(frozen=True)
-class Rollout:
-    """Stages 1-6 of one iteration. Tensors are (B, N) unless noted; masked-out entries are unused.
+class PPOTrainer:
+    """PPO-RLHF on transformers models; see the module docstring for the stages.
 
-    Attributes:
-        iteration: the iteration number.
-        sample_index: (B,) global index of each sample in the rollout batch (keys its noise).
-        prompts, responses: texts (responses without EOS).
-        sequences: prompt + response token batch.
-        ended: (B,) True where the response stopped at EOS, False where it was cut at max length.
-        scored: raw scores, missing-EOS adjustment and final scores, (B,) each.
-        old_logprobs, ref_logprobs, values: stage 4 (rollout policy, reference, critic).
-        bootstrap_values: (B,) the critic's value after the last response column.
-        entropy: per-token entropy of the sampling distribution.
-        kl_coef: the KL coefficient used for ``rewards``.
-        kl: per-token KL estimate to the reference (0 off the mask).
-        rewards: stage 5 token rewards.
-        raw_advantages, returns: stage 6 GAE output (not whitened).
-        advantages: ``raw_advantages`` whitened over all action tokens of the batch.
+    ``accelerator`` defaults to :func:`~ppo_ref.trainer.distributed.default_accelerator`; under
+    ``torchrun`` or ``accelerate launch`` its processes split every batch (see
+    :mod:`ppo_ref.trainer.distributed`).
+    ``resume`` is a checkpoint directory, or a run directory whose newest checkpoint is taken:
+    the models, optimizer, KL coefficient, counters, RNG states and metrics history are loaded,
+    and :meth:`train` continues with the next iteration (``config`` must match the checkpoint's
+    except for :data:`~ppo_ref.trainer.config.RESUME_MUTABLE_FIELDS`).
     """
 
-    iteration: int
-    sample_index: Tensor
-    prompts: list[str]
-    responses: list[str]
-    sequences: SequenceBatch
-    ended: Tensor
-    scored: ScoredBatch
-    old_logprobs: Tensor
-    ref_logprobs: Tensor
-    values: Tensor
-    bootstrap_values: Tensor
-    entropy: Tensor
-    kl_coef: float
-    kl: Tensor
-    rewards: Tensor
-    raw_advantages: Tensor
-    returns: Tensor
-    advantages: Tensor
-
-    @property
-    def mask(self) -> Tensor:
-        """(B, N) bool action mask."""
-        return self.sequences.response_mask
-
-    def training_batch(self) -> TrainingBatch:
-        """The tensors stage 7 trains on."""
-        return TrainingBatch(
-            self.sequences, self.mask, self.old_logprobs, self.values, self.advantages, self.returns
-        )
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    """Mean score, mean per-sequence KL to the reference, well-formed and EOS rates of an evaluation."""
-
-    score: float
-    kl_ref: float
-    well_formed_rate: float | None
-    eos_rate: float
-    samples: int
-
-
-class PPOTrainer:
-    """PPO-RLHF on transformers models; see the module docstring for the stages."""
-
     def __init__(
-        self, config: TrainerConfig, setup: TrainingSetup, accelerator: Accelerator | None = None
+        self,
+        config: TrainerConfig,
+        setup: TrainingSetup,
+        accelerator: Accelerator | None = None,
+        resume: str | Path | None = None,
     ) -> None:
         self.config = config
         self.setup = setup
-        self.accelerator = accelerator or Accelerator(mixed_precision="no")
-        if self.accelerator.num_processes > 1:
-            raise ValueError(
-                "ppo-ref's trainer runs in one process for now (data parallelism is planned); "
-                f"got {self.accelerator.num_processes} processes"
-            )
+        self.accelerator = accelerator or default_accelerator()
+        self.parallel = DataParallel(self.accelerator)
+        self._check_process_count()
         self.device = self.accelerator.device
         use_bf16 = config.mixed_precision == "bf16" or (
             config.mixed_precision == "auto" and self.device.type == "cuda" and torch.cuda.is_bf16_supported()
@@ -190,6 +146,11 @@ class PPOTrainer:
         self.eos_id, self.pad_id = _special_ids(setup.tokenizer)
         self.train_prompt_ids = self._encode_prompts(setup.train_prompts, "train_prompts")
         self.eval_prompt_ids = self._encode_prompts(setup.eval_prompts, "eval_prompts")
+        if resume is not None and self.parallel.backend == "deepspeed":
+            raise ValueError(
+                "resume: resuming under DeepSpeed is not supported (its optimizer state is not saved)"
+            )
+        checkpoint = resuming.open_checkpoint(resume, config) if resume is not None else None
         self._build_models()
         self.kl_controller: FixedKLController = (
             AdaptiveKLController(config.kl_coef, config.kl_target, config.kl_horizon)
@@ -197,8 +158,39 @@ class PPOTrainer:
             else FixedKLController(config.kl_coef)
         )
         self.nonfinite_steps = 0
+        self.skipped_samples = 0
+        self.start_iteration = 0
+        self.history: list[dict[str, Any]] = []
+        self.eval_initial: EvalResult | None = None
+        self.resumed_from: Path | None = None
+        self.last_checkpoint: Path | None = None
+        if checkpoint is not None:
+            resuming.load_models(self, checkpoint)
+        for frozen in (self.reference, self.setup.reward_model):
+            if frozen is not None:  # the same frozen weights on every process
+                self.parallel.broadcast_parameters(frozen)
+        self.reference_fingerprint = parameter_fingerprint(self.reference)
+        self._prepare()
+        if checkpoint is not None:
+            resuming.load_trainer_state(self, checkpoint)
 
     # -- set-up ------------------------------------------------------------------------------------
+
+    def _check_process_count(self) -> None:
+        """Every batch must split evenly over the processes (checked before any work)."""
+        config, world = self.config, self.parallel.world_size
+        if world == 1:
+            return
+        for name, rows in (
+            ("rollout_batch_size", config.rollout_batch_size),
+            ("rollout_batch_size / num_minibatches", config.minibatch_size),
+            ("eval_samples", config.eval_samples),
+        ):
+            if rows % world != 0:
+                raise ValueError(
+                    f"config: {name} = {rows} cannot be split evenly over {world} processes; "
+                    f"use a multiple of {world}"
+                )
 
     def _encode_prompts(self, prompts: Sequence[str], name: str) -> list[list[int]]:
         if len(prompts) == 0:
@@ -207,11 +199,13 @@ class PPOTrainer:
         limit = getattr(self.setup.policy.config, "max_position_embeddings", None)
         for index, ids in enumerate(encoded):
             if not ids:
-                raise ValueError(f"{name}: prompt {index} encodes to no tokens")
+                raise ValueError(f"{name}: prompt {index} ({prompts[index]!r}) encodes to no tokens")
             if isinstance(limit, int) and len(ids) + self.config.max_new_tokens > limit:
+                preview = prompts[index] if len(prompts[index]) <= 60 else prompts[index][:57] + "..."
                 raise ValueError(
-                    f"{name}: prompt {index} has {len(ids)} tokens; with max_new_tokens="
-                    f"{self.config.max_new_tokens} it exceeds the model's context of {limit}"
+                    f"{name}: prompt {index} ({preview!r}) has {len(ids)} tokens; with max_new_tokens="
+                    f"{self.config.max_new_tokens} it exceeds the model's context of {limit} positions "
+                    "(shorten the prompt or lower max_new_tokens; prompts are never truncated silently)"
                 )
         return encoded
 
@@ -224,9 +218,8 @@ class PPOTrainer:
         ):
             raise ValueError("reference: expected a causal LM with the policy's vocabulary size")
         self.reference = frozen_copy(policy if setup.reference is None else setup.reference.to(self.device))
-        self.reference_fingerprint = parameter_fingerprint(self.reference)
         if config.critic == "value-head":
-            head = nn.Linear(int(policy.config.hidden_size), 1)
+            head = nn.Linear(int(policy.config.hidden_size), 1, dtype=parameter_dtype(policy))
             nn.init.zeros_(head.weight)
             nn.init.zeros_(head.bias)
             self.actor_critic = ActorCritic(policy, value_head=head.to(self.device))
@@ -251,10 +244,33 @@ class PPOTrainer:
         critic_lr = config.critic_learning_rate or config.learning_rate
         groups.append({"params": self.actor_critic.critic_parameters(), "lr": critic_lr})
         lr, eps, decay = config.learning_rate, config.adam_eps, config.weight_decay
+        self.optimizer: torch.optim.Optimizer
         try:  # the fused kernel (CPU and CUDA) does the same update as the loop, several times faster
             self.optimizer = torch.optim.AdamW(groups, lr=lr, eps=eps, weight_decay=decay, fused=True)
         except (RuntimeError, ValueError):
             self.optimizer = torch.optim.AdamW(groups, lr=lr, eps=eps, weight_decay=decay)
+
+    def _prepare(self) -> None:
+        """Hand the trained models and the optimizer to the data-parallel backend (several processes,
+        or an FSDP/DeepSpeed accelerate config); with one plain process nothing is wrapped."""
+        parallel, config = self.parallel, self.config
+        if not parallel.wraps_models:
+            return
+        if parallel.backend == "deepspeed":
+            rows = config.minibatch_size // parallel.world_size
+            if config.micro_batch_size is not None and config.micro_batch_size < rows:
+                raise ValueError(
+                    f"config field 'micro_batch_size': under DeepSpeed the engine steps after every "
+                    f"backward, so a process's share of a minibatch ({rows} rows) must be one micro-batch "
+                    "(set micro_batch_size to none)"
+                )
+            parallel.configure_deepspeed(rows, config.max_grad_norm)
+        runner, self.optimizer = parallel.prepare(self.actor_critic.module, self.optimizer)
+        self.actor_critic.train_runner = runner
+        # Inference needs no gradient synchronisation: the plain module, unless parameters are sharded.
+        self.actor_critic.inference_runner = (
+            runner if parallel.sharded_parameters else self.accelerator.unwrap_model(runner)
+        )
 
     def _make_scorer(self) -> Scorer:
         setup = self.setup
@@ -288,15 +304,19 @@ class PPOTrainer:
         clock = _Clock(self.device, timings)
 
         # 1. Sample prompts (keyed by seed and iteration; without replacement when there are enough).
+        #    Every process draws the same batch and takes its block of rows, left-padded to the
+        #    width of the whole batch.
         count = config.rollout_batch_size
         chosen = stream_rng(config.seed, Stream.PROMPTS, iteration).choice(
             len(self.train_prompt_ids), size=count, replace=len(self.train_prompt_ids) < count
         )
-        prompts = [self.setup.train_prompts[i] for i in chosen]
+        mine = self.parallel.rows(count, "rollout_batch_size")
+        sample_index = torch.arange(count)[mine]
+        prompts = [self.setup.train_prompts[i] for i in chosen[mine]]
+        width = max(len(self.train_prompt_ids[i]) for i in chosen)
         prompt_ids, prompt_mask = left_pad(
-            [self.train_prompt_ids[i] for i in chosen], self.pad_id, self.device
+            [self.train_prompt_ids[i] for i in chosen[mine]], self.pad_id, self.device, width
         )
-        sample_index = torch.arange(count)
         clock.lap("seconds_prompts")
 
         # 2. Generate responses (per-sample noise; stop at the first EOS; mask from the first EOS).
@@ -306,11 +326,10 @@ class PPOTrainer:
         sequences, ended, responses = self._generate(prompt_ids, prompt_mask, uniforms, config.temperature)
         clock.lap("seconds_generate")
 
-        # 3. Score (reward model at the last real token, or a rule), then the missing-EOS rule.
-        raw = self.train_scorer(prompts, responses, sequences, ended.cpu())
-        scored = apply_missing_eos_rule(
-            raw, ended.cpu(), config.missing_eos, config.missing_eos_penalty, config.missing_eos_score
-        )
+        # 3. Score (reward model at the last real token, or a rule), check every score, then the
+        #    missing-EOS rule. A bad score stops the run, or (on_bad_score = "skip") its sample
+        #    becomes invalid: no action token, so it trains nothing and enters no statistic.
+        scored, valid = self._score(self.train_scorer, prompts, responses, sequences, ended, sample_index)
         clock.lap("seconds_score")
 
         # 4. Old log-probs and values (policy in eval mode, logits / temperature), reference log-probs.
@@ -324,30 +343,26 @@ class PPOTrainer:
         clock.lap("seconds_forward")
 
         # 5. Token rewards: -kl_coef * KL on every action token, the score on the last one.
-        mask = sequences.response_mask
+        mask = sequences.response_mask & valid.to(self.device).unsqueeze(1)
         scores = scored.scores.to(self.device)
         kl_coef = self.kl_controller.value
-        kl = kl_penalty(outputs.logprobs, ref_logprobs, config.kl_estimator, mask=mask)
+        kl = kl_penalty(outputs.logprobs, ref_logprobs, config.kl_estimator, mask=sequences.response_mask)
         rewards = token_rewards(scores, outputs.logprobs, ref_logprobs, mask, kl_coef, config.kl_estimator)
-        # The controller sees the mean per-sequence summed KL (kl is 0 off the mask).
-        self.kl_controller.update(float(kl.sum(dim=1).mean()), n_steps=count)
 
-        # 6. GAE (terminal, or bootstrapped from the critic for responses cut at max length),
-        #    then advantages whitened over all action tokens of the batch; returns stay raw.
+        # 6a. GAE (terminal, or bootstrapped from the critic for responses cut at max length).
+        #     Rows are independent here, so each process computes its own.
         last_values = None
         if config.truncation == "bootstrap":
             last_values = torch.where(ended, 0.0, outputs.bootstrap_values)
         raw_advantages, returns = gae(rewards, outputs.values, mask, config.gamma, config.lam, last_values)
-        advantages = masked_whiten(raw_advantages, mask)
-        clock.lap("seconds_advantages")
-
-        return Rollout(
+        local = Rollout(
             iteration=iteration,
             sample_index=sample_index,
             prompts=prompts,
             responses=responses,
             sequences=sequences,
             ended=ended,
+            valid=valid.to(self.device),
             scored=scored,
             old_logprobs=outputs.logprobs,
             ref_logprobs=ref_logprobs,
@@ -359,8 +374,51 @@ class PPOTrainer:
             rewards=rewards,
             raw_advantages=raw_advantages,
             returns=returns,
-            advantages=advantages,
+            advantages=raw_advantages,
         )
+        # From here on every process holds the whole batch.
+        rollout = gather_rollout(self.parallel, local, self.pad_id)
+
+        # 5b. The KL controller sees the mean per-sequence summed KL of the batch (kl is 0 off the mask).
+        self.kl_controller.update(float(rollout.kl.sum(dim=1).mean()), n_steps=count)
+
+        # 6b. Advantages whitened over all action tokens of the batch; returns stay raw.
+        if int(rollout.mask.sum()) < 2:
+            raise ValueError(
+                f"iteration {iteration}: fewer than 2 action tokens left to whiten "
+                f"({int((~rollout.valid).sum())} of {count} samples skipped for bad scores)"
+            )
+        advantages = masked_whiten(rollout.raw_advantages, rollout.mask)
+        clock.lap("seconds_advantages")
+        return replace(rollout, advantages=advantages)
+
+    def _score(
+        self,
+        scorer: Scorer,
+        prompts: Sequence[str],
+        responses: Sequence[str],
+        sequences: SequenceBatch,
+        ended: Tensor,
+        sample_index: Tensor,
+    ) -> tuple[ScoredBatch, Tensor]:
+        """Stage 3 for this process's rows: ``(scored, valid)``; scores are 0 where not valid."""
+        config = self.config
+        raw = scorer(prompts, responses, sequences, ended.cpu())
+        checked, valid = check_scores(raw, prompts, responses, sample_index.tolist(), config.on_bad_score)
+        zero = torch.zeros((), dtype=checked.dtype)
+        adjusted = apply_missing_eos_rule(
+            torch.where(valid, checked, zero),
+            ended.cpu(),
+            config.missing_eos,
+            config.missing_eos_penalty,
+            config.missing_eos_score,
+        )
+        scored = ScoredBatch(
+            raw=checked,
+            adjustment=torch.where(valid, adjusted.adjustment, zero),
+            scores=torch.where(valid, adjusted.scores, zero),
+        )
+        return scored, valid
 
     def _generate(
         self, prompt_ids: Tensor, prompt_mask: Tensor, uniforms: Tensor, temperature: float, top: bool = True
@@ -369,13 +427,15 @@ class PPOTrainer:
         config = self.config
         step = config.forward_batch_size or prompt_ids.shape[0]
         uniforms = uniforms.to(self.device)
+        # With several processes, each keeps sampling until every process's rows have ended.
+        all_ended = self.parallel.all_true if self.parallel.world_size > 1 else None
         pieces = []
         for start in range(0, prompt_ids.shape[0], step):
             rows = slice(start, start + step)
             with self.autocast():
                 pieces.append(
                     generate(
-                        self.policy,  # type: ignore[arg-type]
+                        self.actor_critic.policy_caller(),
                         prompt_ids[rows],
                         prompt_mask[rows],
                         uniforms[rows],
@@ -384,6 +444,7 @@ class PPOTrainer:
                         temperature=temperature,
                         top_k=config.top_k if top else 0,
                         top_p=config.top_p if top else 1.0,
+                        all_ended=all_ended,
                     )
                 )
         width = max(p.response_ids.shape[1] for p in pieces)
@@ -448,12 +509,16 @@ class PPOTrainer:
             clip_grad_norm=self._clip_grad_norm,
             logprob_tolerance=self.logprob_tolerance,
             nonfinite_steps_so_far=self.nonfinite_steps,
+            collectives=self.parallel,
         )
         self.nonfinite_steps += stats.skipped_steps
         return stats
 
     def _clip_grad_norm(self, parameters: list[nn.Parameter], max_norm: float) -> Tensor:
         norm = self.accelerator.clip_grad_norm_(parameters, max_norm)
+        if norm is None and self.parallel.backend == "deepspeed":
+            # DeepSpeed clips inside its step and may report no norm: nothing to check here.
+            return torch.tensor(0.0)
         return norm if isinstance(norm, Tensor) else torch.tensor(float("nan") if norm is None else norm)
 
     # -- stage 8 -----------------------------------------------------------------------------------
@@ -469,15 +534,20 @@ class PPOTrainer:
     def iteration_metrics(
         self, rollout: Rollout, stats: UpdateStats, timings: dict[str, float]
     ) -> dict[str, Any]:
-        """Stage 8: the metrics.jsonl record of an iteration."""
-        mask = rollout.mask
-        scores = rollout.scored.scores
-        lengths = mask.sum(dim=1).float()
+        """Stage 8: the metrics.jsonl record of an iteration.
+
+        Score statistics cover the valid samples (a skipped sample has no usable score);
+        generation statistics (length, EOS rate, KL to the reference) cover every sample.
+        """
+        mask, valid = rollout.mask, rollout.valid.cpu()
+        scores = rollout.scored.scores[valid]
+        lengths = rollout.sequences.response_mask.sum(dim=1).float()
+        skipped = int((~valid).sum())
         record: dict[str, Any] = {
             "iteration": rollout.iteration,
-            "score_mean": float(scores.mean()),
+            "score_mean": float(scores.mean()) if scores.numel() else math.nan,
             "score_std": float(scores.std()) if scores.numel() > 1 else 0.0,
-            "reward_mean": float(rollout.rewards.sum(dim=1).mean()),
+            "reward_mean": float(rollout.rewards.sum(dim=1)[rollout.valid].mean()),
             "kl_ref": float(rollout.kl.sum(dim=1).mean()),
             "kl_coef": rollout.kl_coef,
             "entropy": float(masked_mean(rollout.entropy, mask)),
@@ -500,6 +570,7 @@ class PPOTrainer:
             "grad_norm_policy": stats.grad_norm_policy,
             "grad_norm_critic": stats.grad_norm_critic,
             "well_formed_rate": self._well_formed_rate(rollout.prompts, rollout.responses, rollout.ended),
+            "skipped_samples": skipped,
         }
         record.update(timings)
         return record
@@ -507,7 +578,7 @@ class PPOTrainer:
     def audit_records(self, rollout: Rollout, count: int) -> list[dict[str, Any]]:
         """The first ``count`` samples of a rollout in full (rollouts.jsonl); off-mask entries are null."""
         records = []
-        mask = rollout.mask.cpu()
+        mask = rollout.sequences.response_mask.cpu()
         columns = {
             "old_logprobs": rollout.old_logprobs,
             "ref_logprobs": rollout.ref_logprobs,
@@ -525,7 +596,8 @@ class PPOTrainer:
                 "response_ids": rollout.sequences.response_ids[row].tolist(),
                 "action_mask": [int(k) for k in keep],
                 "stop_reason": "eos" if bool(rollout.ended[row]) else "length",
-                "score": float(rollout.scored.scores[row]),
+                "skipped": not bool(rollout.valid[row]),
+                "score": float(rollout.scored.scores[row]) if bool(rollout.valid[row]) else None,
                 "score_components": {
                     "raw": float(rollout.scored.raw[row]),
                     "missing_eos_adjustment": float(rollout.scored.adjustment[row]),
@@ -555,53 +627,70 @@ class PPOTrainer:
 
         Prompt i is ``eval_prompts[i % len]``; its noise is keyed by the evaluation stream, never
         the training one, so the initial and final evaluations see the same prompts and noise.
+        With several processes each evaluates its block of the samples.
         """
         config = self.config
         count = config.eval_samples
         chosen = [i % len(self.eval_prompt_ids) for i in range(count)]
-        prompts = [self.setup.eval_prompts[i] for i in chosen]
+        mine = self.parallel.rows(count, "eval_samples")
+        sample_index = torch.arange(count)[mine]
+        prompts = [self.setup.eval_prompts[i] for i in chosen[mine]]
+        width = max(len(self.eval_prompt_ids[i]) for i in chosen)
         prompt_ids, prompt_mask = left_pad(
-            [self.eval_prompt_ids[i] for i in chosen], self.pad_id, self.device
+            [self.eval_prompt_ids[i] for i in chosen[mine]], self.pad_id, self.device, width
         )
         uniforms = sampling_uniforms(
-            config.seed, Stream.EVAL_SAMPLING, 0, torch.arange(count), config.max_new_tokens
+            config.seed, Stream.EVAL_SAMPLING, 0, sample_index, config.max_new_tokens
         )
         sequences, ended, responses = self._generate(prompt_ids, prompt_mask, uniforms, 1.0, top=False)
-        raw = self.eval_scorer(prompts, responses, sequences, ended.cpu())
-        scored = apply_missing_eos_rule(
-            raw, ended.cpu(), config.missing_eos, config.missing_eos_penalty, config.missing_eos_score
-        )
+        scored, valid = self._score(self.eval_scorer, prompts, responses, sequences, ended, sample_index)
         logprobs = self._forward_no_grad(sequences, 1.0, with_critic=False).logprobs
         ref_logprobs = self._reference_logprobs(sequences, 1.0)
         kl = kl_penalty(logprobs, ref_logprobs, config.kl_estimator, mask=sequences.response_mask)
+        rows = self.parallel.gather_rows
+        scores, valid, ended = rows(scored.scores), rows(valid), rows(ended.cpu())
+        kl_sums = rows(kl.sum(dim=1).cpu())
+        prompts, responses = self.parallel.gather_list(prompts), self.parallel.gather_list(responses)
         return EvalResult(
-            score=float(scored.scores.mean()),
-            kl_ref=float(kl.sum(dim=1).mean()),
+            score=float(scores[valid].mean()) if bool(valid.any()) else math.nan,
+            kl_ref=float(kl_sums.mean()),
             well_formed_rate=self._well_formed_rate(prompts, responses, ended),
             eos_rate=float(ended.float().mean()),
             samples=count,
+            skipped_samples=int((~valid).sum()),
         )
 
     # -- the run -----------------------------------------------------------------------------------
 
     def train(self, started_at: float | None = None) -> dict[str, Any]:
-        """Evaluate, run ``config.iterations`` iterations, evaluate again; write every output file.
+        """Evaluate, run the iterations up to ``config.iterations``, evaluate again; write every output.
 
-        Returns the summary (also written to OUT/summary.json). ``started_at`` is the
-        ``time.perf_counter()`` of the run's start (e.g. before building the task) for ``wall_seconds``.
+        Checkpoints go to OUT/checkpoints every ``save_every`` iterations and after the last one.
+        SIGINT or SIGTERM stops the run cleanly after the current iteration, with a checkpoint and
+        a summary (``interrupted``; no final evaluation). A resumed trainer starts after its
+        checkpoint's iteration. Returns the summary (also OUT/summary.json; files are written by
+        the main process only). ``started_at`` is the ``time.perf_counter()`` of the run's start
+        (e.g. before building the task) for ``wall_seconds``.
         """
-        config = self.config
+        config, main = self.config, self.parallel.is_main
         started_at = time.perf_counter() if started_at is None else started_at
         out_dir = Path(config.out)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        initial = self.evaluate()
-        records: list[dict[str, Any]] = []
-        audit = AuditLog(out_dir)
-        progress = ProgressBar(config.iterations, config.progress_bar)
+        if main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(out_dir)
+        initial = self.eval_initial if self.eval_initial is not None else self.evaluate()
+        self.eval_initial = initial
+        records = list(self.history)
+        start = self.start_iteration
+        interrupted: str | None = None
+        audit = AuditLog(out_dir, enabled=main, keep_before=start if self.resumed_from else None)
+        progress = ProgressBar(config.iterations, config.progress_bar and main, initial=start)
         ppo_started = time.perf_counter()
         try:
-            with MetricsLogger(out_dir, config.tensorboard) as logger:
-                for iteration in range(config.iterations):
+            with StopRequest() as stop, MetricsLogger(out_dir, config.tensorboard, enabled=main) as logger:
+                for record in records:  # a resumed run: its earlier iterations, from the checkpoint
+                    logger.write(record, tensorboard=False)
+                for iteration in range(start, config.iterations):
                     timings: dict[str, float] = {}
                     began = time.perf_counter()
                     rollout = self.collect_rollout(iteration, timings)  # stages 1-6
@@ -611,6 +700,7 @@ class PPOTrainer:
                     clock.lap("seconds_update")
                     # 8. Metrics and checks (the step-0 identity and non-finite steps are checked in 7).
                     self.check_reference_unchanged()
+                    self.skipped_samples += int((~rollout.valid).sum())
                     record = self.iteration_metrics(rollout, stats, timings)
                     if config.audit_samples:
                         audit.write(self.audit_records(rollout, config.audit_samples))
@@ -621,35 +711,53 @@ class PPOTrainer:
                     logger.write(record)
                     progress.update(record)
                     records.append(record)
+                    self.history = records
+                    # Checkpoints, and a clean stop on a signal (decided together by all processes).
+                    completed = iteration + 1
+                    stopping = self.parallel.any_true(stop.requested is not None)
+                    periodic = config.save_every > 0 and completed % config.save_every == 0
+                    if stopping or periodic or completed == config.iterations:
+                        self.last_checkpoint = resuming.save_checkpoint(self, completed)
+                    if stopping:
+                        interrupted = stop.requested or "a signal to another process"
+                        break
         finally:
             audit.close()
             progress.close()
         ppo_seconds = time.perf_counter() - ppo_started
-        final = self.evaluate()
-        if config.plots and records:
+        final = None if interrupted else self.evaluate()
+        if config.plots and records and main:
             plot_metrics(out_dir, records)
         summary: dict[str, Any] = {
             "task": self.setup.name,
             "seed": config.seed,
             "iterations": config.iterations,
-            "eval_samples": final.samples,
+            "iterations_done": len(records),
+            "interrupted": interrupted,
+            "resumed_from": None if self.resumed_from is None else str(self.resumed_from),
+            "last_checkpoint": None if self.last_checkpoint is None else str(self.last_checkpoint),
+            "eval_samples": initial.samples,
             "eval_score_initial": initial.score,
-            "eval_score_final": final.score,
+            "eval_score_final": None if final is None else final.score,
             "kl_ref_initial": initial.kl_ref,
-            "kl_ref_final": final.kl_ref,
+            "kl_ref_final": None if final is None else final.kl_ref,
             "well_formed_rate_initial": initial.well_formed_rate,
-            "well_formed_rate_final": final.well_formed_rate,
+            "well_formed_rate_final": None if final is None else final.well_formed_rate,
             "eos_rate_initial": initial.eos_rate,
-            "eos_rate_final": final.eos_rate,
+            "eos_rate_final": None if final is None else final.eos_rate,
             "nonfinite_steps": self.nonfinite_steps,
+            "skipped_samples": self.skipped_samples,
             "ppo_seconds": ppo_seconds,
             "wall_seconds": time.perf_counter() - started_at,
             "device": str(self.device),
+            "processes": self.parallel.world_size,
+            "data_parallel": self.parallel.backend,
             "mixed_precision": "bf16" if self.autocast_dtype is not None else "no",
             "versions": {"ppo_ref": ppo_ref.__version__, "torch": torch.__version__},
             "config": asdict(config),
         }
-        write_summary(out_dir, summary)
+        if main:
+            write_summary(out_dir, summary)
         return summary
 
 

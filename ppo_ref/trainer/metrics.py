@@ -8,6 +8,7 @@ Files written to the output directory OUT:
 - ``rollouts.jsonl``: the first K samples of every iteration in full (see :func:`audit_records`).
 - ``summary.json``: the run's evaluation before and after training, and its wall time.
 - ``score.png``, ``kl_ref.png``, ``entropy.png``, ``response_length.png``: per-iteration plots.
+- ``checkpoints/iter-NNNNNN/``: the run's state (see :mod:`ppo_ref.trainer.checkpoint`).
 
 Non-finite numbers are written as JSON ``null``.
 """
@@ -78,6 +79,7 @@ CHECK_METRICS: tuple[str, ...] = (
     "grad_norm_policy",
     "grad_norm_critic",
     "well_formed_rate",
+    "skipped_samples",
 )
 """Diagnostics of the runtime checks (first-minibatch log-prob identity, skipped steps, gradients)."""
 
@@ -106,13 +108,16 @@ def _dump(value: Any) -> str:
 
 
 class MetricsLogger:
-    """Appends one record per iteration to OUT/metrics.jsonl and, if available, to TensorBoard."""
+    """Appends one record per iteration to OUT/metrics.jsonl and, if available, to TensorBoard.
 
-    def __init__(self, out_dir: Path, tensorboard: bool) -> None:
+    ``enabled=False`` (processes other than the main one) writes nothing.
+    """
+
+    def __init__(self, out_dir: Path, tensorboard: bool, enabled: bool = True) -> None:
         self.path = out_dir / "metrics.jsonl"
-        self._handle = open(self.path, "w", encoding="utf-8")  # closed in close()
+        self._handle: Any = open(self.path, "w", encoding="utf-8") if enabled else None  # closed in close()
         self._writer: Any = None
-        if tensorboard:
+        if tensorboard and enabled:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # tensorboard is optional
@@ -120,11 +125,14 @@ class MetricsLogger:
             else:
                 self._writer = SummaryWriter(log_dir=str(out_dir / "tensorboard"))
 
-    def write(self, record: Mapping[str, Any]) -> None:
-        """Write one iteration's record (flushed at once, so a killed run keeps its lines)."""
+    def write(self, record: Mapping[str, Any], tensorboard: bool = True) -> None:
+        """Write one iteration's record (flushed at once, so a killed run keeps its lines);
+        ``tensorboard=False`` skips the TensorBoard events (records of a resumed run's past)."""
+        if self._handle is None:
+            return
         self._handle.write(_dump(record) + "\n")
         self._handle.flush()
-        if self._writer is not None:
+        if self._writer is not None and tensorboard:
             step = int(record["iteration"])
             for key, value in record.items():
                 if key != "iteration" and isinstance(value, (int, float)) and math.isfinite(value):
@@ -132,7 +140,8 @@ class MetricsLogger:
 
     def close(self) -> None:
         """Close the files."""
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
         if self._writer is not None:
             self._writer.close()
 
@@ -146,32 +155,49 @@ class MetricsLogger:
 
 
 class AuditLog:
-    """OUT/rollouts.jsonl: full records of the first K samples of every iteration."""
+    """OUT/rollouts.jsonl: full records of the first K samples of every iteration.
 
-    def __init__(self, out_dir: Path) -> None:
+    ``keep_before=N`` (a resumed run) keeps the file's records of iterations before N and drops
+    the later ones, which the resumed run writes again; ``enabled=False`` writes nothing.
+    """
+
+    def __init__(self, out_dir: Path, enabled: bool = True, keep_before: int | None = None) -> None:
         self.path = out_dir / "rollouts.jsonl"
-        self._handle = open(self.path, "w", encoding="utf-8")  # closed in close()
+        kept: list[str] = []
+        if enabled and keep_before is not None and self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    if int(json.loads(line)["iteration"]) < keep_before:
+                        kept.append(line + "\n")
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut by a killed run
+        self._handle: Any = open(self.path, "w", encoding="utf-8") if enabled else None  # closed in close()
+        if self._handle is not None and kept:
+            self._handle.write("".join(kept))
 
     def write(self, records: Iterable[Mapping[str, Any]]) -> None:
         """Append records (one JSON object per line)."""
+        if self._handle is None:
+            return
         for record in records:
             self._handle.write(_dump(record) + "\n")
         self._handle.flush()
 
     def close(self) -> None:
         """Close the file."""
-        self._handle.close()
+        if self._handle is not None:
+            self._handle.close()
 
 
 class ProgressBar:
     """A tqdm bar over iterations showing score, KL, response length and EOS rate (no-op if disabled)."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool, initial: int = 0) -> None:
         self._bar: Any = None
         if enabled:
             from tqdm.auto import tqdm  # type: ignore[import-untyped, unused-ignore]
 
-            self._bar = tqdm(total=total, desc="ppo", unit="it", dynamic_ncols=True)
+            self._bar = tqdm(total=total, initial=initial, desc="ppo", unit="it", dynamic_ncols=True)
 
     def update(self, record: Mapping[str, Any]) -> None:
         """Advance by one iteration and show its key figures."""

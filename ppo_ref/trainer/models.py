@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -31,13 +32,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ActorCritic",
+    "ActorCriticModule",
     "NonFiniteError",
+    "PolicyCaller",
     "ResponseOutputs",
     "ScalarHeadCritic",
+    "at_least_float32",
     "call_model",
     "disable_dropout",
     "frozen_copy",
     "output_cache",
+    "parameter_dtype",
     "parameter_fingerprint",
     "response_logprobs",
     "split_sequence_classifier",
@@ -52,21 +57,21 @@ class NonFiniteError(RuntimeError):
 _FORWARD_PARAMETERS: dict[type, frozenset[str]] = {}
 
 
-def _forward_parameters(model: nn.Module) -> frozenset[str]:
-    """Names of the parameters of ``model.forward`` (a DDP wrapper's model is in ``.module``)."""
-    inner = getattr(model, "module", model)
+def _forward_parameters(model: object) -> frozenset[str]:
+    """Names of the parameters of ``model.forward`` (a wrapper's model, e.g. DDP's, is in ``.module``)."""
+    inner: Any = getattr(model, "module", model)
     kind = type(inner)
     if kind not in _FORWARD_PARAMETERS:
         _FORWARD_PARAMETERS[kind] = frozenset(inspect.signature(inner.forward).parameters)
     return _FORWARD_PARAMETERS[kind]
 
 
-def supports_logits_to_keep(model: nn.Module) -> bool:
+def supports_logits_to_keep(model: object) -> bool:
     """Whether the model's forward accepts ``logits_to_keep`` (compute logits for the last positions only)."""
     return "logits_to_keep" in _forward_parameters(model)
 
 
-def call_model(model: nn.Module, **kwargs: Any) -> Any:
+def call_model(model: Callable[..., Any], **kwargs: Any) -> Any:
     """Call ``model`` with keyword arguments only; ``cache=`` goes to ``cache`` or ``past_key_values``."""
     if "cache" in kwargs and "cache" not in _forward_parameters(model):
         kwargs["past_key_values"] = kwargs.pop("cache")
@@ -107,6 +112,19 @@ def parameter_fingerprint(model: nn.Module) -> Tensor:
         sums = [p.detach().double().sum() for p in model.parameters()]
         abs_sums = [p.detach().double().abs().sum() for p in model.parameters()]
         return torch.stack(sums + abs_sums).cpu()
+
+
+def at_least_float32(tensor: Tensor) -> Tensor:
+    """``tensor`` in float32, or unchanged if it is already float32 or wider (float64 stays float64)."""
+    return tensor if tensor.dtype in (torch.float32, torch.float64) else tensor.float()
+
+
+def parameter_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype of the model's first floating-point parameter (float32 if it has none)."""
+    for parameter in model.parameters():
+        if parameter.is_floating_point():
+            return parameter.dtype
+    return torch.float32
 
 
 def _hidden_size(model: nn.Module) -> int:
@@ -151,7 +169,7 @@ class ScalarHeadCritic(nn.Module):
     @staticmethod
     def from_policy(policy: PreTrainedModel) -> ScalarHeadCritic:
         """Copy the policy's backbone; the head starts at zero, so every initial value is 0."""
-        head = nn.Linear(_hidden_size(policy), 1)
+        head = nn.Linear(_hidden_size(policy), 1, dtype=parameter_dtype(policy))
         nn.init.zeros_(head.weight)
         nn.init.zeros_(head.bias)
         return disable_dropout(ScalarHeadCritic(copy.deepcopy(policy.base_model), head))
@@ -165,12 +183,11 @@ class ScalarHeadCritic(nn.Module):
     def forward(
         self, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, keep_last: int
     ) -> Tensor:
-        """Values (B, keep_last) in float32 at the last ``keep_last`` positions."""
+        """Values (B, keep_last) in float32 (or wider) at the last ``keep_last`` positions."""
         hidden = call_model(
             self.backbone, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
         ).last_hidden_state
-        values: Tensor = self.head(hidden[:, -keep_last:]).squeeze(-1).float()
-        return values
+        return at_least_float32(self.head(hidden[:, -keep_last:]).squeeze(-1))
 
 
 @dataclass(frozen=True)
@@ -219,39 +236,53 @@ def response_logprobs(model: nn.Module, sequences: SequenceBatch, temperature: f
     return _logprobs_and_logits(model, sequences, temperature)[0]
 
 
-class ActorCritic:
-    """The trained models: the policy and its critic (separate, or a head on the policy)."""
+class ActorCriticModule(nn.Module):
+    """The trained models in one ``nn.Module``: what ``accelerator.prepare`` wraps (DDP, FSDP2, DeepSpeed).
+
+    Every forward of the trained models goes through :meth:`forward`, so a wrapper that gathers
+    sharded parameters or synchronises gradients in its own ``forward`` sees every call:
+    ``mode="policy"`` calls the causal LM with the given keyword arguments (generation);
+    ``mode="outputs"`` returns the :class:`ResponseOutputs` of a prompt + response batch.
+    """
 
     def __init__(
-        self,
-        policy: nn.Module,
-        critic: ScalarHeadCritic | None = None,
-        value_head: nn.Linear | None = None,
+        self, policy: nn.Module, critic: ScalarHeadCritic | None = None, value_head: nn.Linear | None = None
     ) -> None:
+        super().__init__()
         if (critic is None) == (value_head is None):
             raise ValueError("critic/value_head: expected exactly one of a separate critic or a value head")
         self.policy = disable_dropout(policy)
         self.critic = None if critic is None else disable_dropout(critic)
         self.value_head = None if value_head is None else value_head.eval()
+        # FSDP's transformer auto-wrap policy reads the block classes from here.
+        blocks = set(getattr(policy, "_no_split_modules", None) or [])
+        if critic is not None:
+            blocks |= set(getattr(critic.backbone, "_no_split_modules", None) or [])
+        self._no_split_modules = sorted(blocks)
 
-    def policy_parameters(self) -> list[nn.Parameter]:
-        """Parameters of the policy (without a value head)."""
-        return [p for p in self.policy.parameters() if p.requires_grad]
-
-    def critic_parameters(self) -> list[nn.Parameter]:
-        """Parameters that only the value loss trains (the separate critic, or the value head)."""
-        critic: nn.Module = self.critic if self.critic is not None else self.value_head  # type: ignore[assignment]
-        return [p for p in critic.parameters() if p.requires_grad]
+    def forward(self, mode: str, **kwargs: Any) -> Any:
+        """``mode="policy"``: the policy's own forward; ``mode="outputs"``: :meth:`response_outputs`."""
+        if mode == "policy":
+            return call_model(self.policy, **kwargs)
+        if mode == "outputs":
+            return self.response_outputs(**kwargs)
+        raise ValueError(f"mode: expected 'policy' or 'outputs', got {mode!r}")
 
     def response_outputs(
         self,
-        sequences: SequenceBatch,
-        temperature: float,
         *,
-        need_values: bool = True,
-        need_entropy: bool = False,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        position_ids: Tensor,
+        prompt_width: int,
+        temperature: float,
+        need_values: bool,
+        need_entropy: bool,
     ) -> ResponseOutputs:
-        """Log-probs (and values, entropies) of the response tokens: the same code for rollout and update."""
+        """Log-probs (and values, entropies) of the response tokens of a prompt + response batch."""
+        from ppo_ref.trainer.generation import SequenceBatch
+
+        sequences = SequenceBatch(input_ids, attention_mask, position_ids, prompt_width)
         shared_values = need_values and self.value_head is not None
         extra = {"output_hidden_states": True} if shared_values else {}
         logprobs, logits, output = _logprobs_and_logits(self.policy, sequences, temperature, **extra)
@@ -260,7 +291,7 @@ class ActorCritic:
         if shared_values:
             assert self.value_head is not None
             width = sequences.response_width + 1
-            all_values = self.value_head(output.hidden_states[-1][:, -width:]).squeeze(-1).float()
+            all_values = at_least_float32(self.value_head(output.hidden_states[-1][:, -width:]).squeeze(-1))
         elif need_values:
             assert self.critic is not None
             all_values = self.critic(
@@ -277,3 +308,88 @@ class ActorCritic:
             bootstrap_values=None if all_values is None else all_values[:, -1],
             entropy=entropies,
         )
+
+
+class PolicyCaller:
+    """Calls the policy through a runner of :class:`ActorCriticModule` (``runner(mode="policy", ...)``).
+
+    ``module`` is the policy itself, so :func:`call_model` and :func:`supports_logits_to_keep` read
+    the policy's forward signature, as they do through a DDP wrapper.
+    """
+
+    def __init__(self, runner: Callable[..., Any], policy: nn.Module) -> None:
+        self.runner = runner
+        self.module = policy
+
+    def __call__(self, **kwargs: Any) -> Any:
+        return self.runner(mode="policy", **kwargs)
+
+
+class ActorCritic:
+    """The trained models: the policy and its critic (separate, or a head on the policy).
+
+    ``module`` holds them as one :class:`ActorCriticModule`. Forwards with gradients go through
+    ``train_runner``, forwards without through ``inference_runner``; both are ``module`` until the
+    trainer prepares it for data parallelism (then DDP's wrapper trains, and the plain module, whose
+    parameters every process holds, runs inference; with sharded parameters both are the wrapper).
+    """
+
+    def __init__(
+        self,
+        policy: nn.Module,
+        critic: ScalarHeadCritic | None = None,
+        value_head: nn.Linear | None = None,
+    ) -> None:
+        self.module = ActorCriticModule(policy, critic, value_head)
+        self.train_runner: Callable[..., Any] = self.module
+        self.inference_runner: Callable[..., Any] = self.module
+
+    @property
+    def policy(self) -> nn.Module:
+        """The causal LM being trained."""
+        return self.module.policy
+
+    @property
+    def critic(self) -> ScalarHeadCritic | None:
+        """The separate critic, or None with a value head."""
+        return self.module.critic
+
+    @property
+    def value_head(self) -> nn.Linear | None:
+        """The value head on the policy's last hidden state, or None with a separate critic."""
+        return self.module.value_head
+
+    def policy_parameters(self) -> list[nn.Parameter]:
+        """Parameters of the policy (without a value head)."""
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
+    def critic_parameters(self) -> list[nn.Parameter]:
+        """Parameters that only the value loss trains (the separate critic, or the value head)."""
+        critic: nn.Module = self.critic if self.critic is not None else self.value_head  # type: ignore[assignment]
+        return [p for p in critic.parameters() if p.requires_grad]
+
+    def policy_caller(self) -> PolicyCaller:
+        """The policy as a callable for generation (through ``inference_runner``)."""
+        return PolicyCaller(self.inference_runner, self.policy)
+
+    def response_outputs(
+        self,
+        sequences: SequenceBatch,
+        temperature: float,
+        *,
+        need_values: bool = True,
+        need_entropy: bool = False,
+    ) -> ResponseOutputs:
+        """Log-probs (and values, entropies) of the response tokens: the same code for rollout and update."""
+        runner = self.train_runner if torch.is_grad_enabled() else self.inference_runner
+        outputs: ResponseOutputs = runner(
+            mode="outputs",
+            input_ids=sequences.input_ids,
+            attention_mask=sequences.attention_mask,
+            position_ids=sequences.position_ids,
+            prompt_width=sequences.prompt_width,
+            temperature=temperature,
+            need_values=need_values,
+            need_entropy=need_entropy,
+        )
+        return outputs

@@ -71,22 +71,30 @@ def load_prompts(path: str | Path, seed: int) -> tuple[list[str], list[str]]:
     Errors name the file and the line.
     """
     rows: list[tuple[str, str | None]] = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-            if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"]:
-                raise ValueError(f'{path}:{number}: expected an object with a non-empty "prompt" string')
-            split = item.get("split")
-            if split not in (None, "train", "eval"):
-                raise ValueError(f'{path}:{number}: "split" must be "train" or "eval", got {split!r}')
-            rows.append((item["prompt"], split))
+    try:
+        with open(path, "rb") as handle:
+            lines = handle.read().split(b"\n")
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read the prompts file ({error.strerror})") from None
+    for number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a leading BOM is fine
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"]:
+            raise ValueError(f'{path}:{number}: expected an object with a non-empty "prompt" string')
+        split = item.get("split")
+        if split not in (None, "train", "eval"):
+            raise ValueError(f'{path}:{number}: "split" must be "train" or "eval", got {split!r}')
+        rows.append((item["prompt"], split))
     if not rows:
-        raise ValueError(f"{path}: no prompts")
+        raise ValueError(f"{path}: no prompts (the file is empty or holds only blank lines)")
     if any(split is not None for _, split in rows):
         train = [p for p, s in rows if s != "eval"]
         held_out = [p for p, s in rows if s == "eval"]

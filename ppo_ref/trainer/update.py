@@ -5,6 +5,13 @@ micro-batches: each micro-batch's token-mean loss is weighted by its share of th
 tokens (its share of rows for the ``seq-mean-*`` policy-loss aggregations), so the accumulated
 gradient equals the gradient of the whole minibatch's loss (known bug E4: a plain mean of
 micro-batch means weights a 1-token micro-batch like a 9-token one).
+
+With W processes (:mod:`ppo_ref.trainer.distributed`) every process holds the whole rollout and
+draws the same minibatches; process r runs forward and backward on its W-th of each minibatch's
+rows, still weighted by shares of the *whole* minibatch, and its loss is scaled by the backend's
+``gradient_scale`` (W, since DDP, FSDP and DeepSpeed average gradients). Statistics are summed
+over processes, and every decision (skip a non-finite step, the step-0 check, early stop) is
+taken on all-reduced values, so all processes take the same branch.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from torch import Tensor
 
 from ppo_ref import masked_mean, policy_loss, value_loss
 from ppo_ref.trainer.config import TrainerConfig
+from ppo_ref.trainer.distributed import Collectives, LocalCollectives
 from ppo_ref.trainer.generation import SequenceBatch
 from ppo_ref.trainer.models import ActorCritic, NonFiniteError
 from ppo_ref.trainer.seeding import Stream, stream_rng
@@ -82,6 +90,20 @@ class MinibatchResult:
     ratio_mean: float = 0.0
     ratio_max: float = 0.0
     max_abs_log_ratio: float = 0.0
+    tokens: int = 0
+
+    _SUMS = ("policy_loss", "value_loss", "clipfrac", "ratio_outside_frac", "approx_kl", "ratio_mean")
+    _MAXIMA = ("ratio_max", "max_abs_log_ratio")
+
+    def combined(self, collectives: Collectives) -> MinibatchResult:
+        """The minibatch's statistics over all processes (each holds shares of the whole minibatch)."""
+        sums, maxima = collectives.sum_and_max(
+            [getattr(self, name) for name in self._SUMS], [getattr(self, name) for name in self._MAXIMA]
+        )
+        result = MinibatchResult(tokens=self.tokens)
+        for name, value in zip(self._SUMS + self._MAXIMA, sums + maxima, strict=True):
+            setattr(result, name, float(value))
+        return result
 
 
 @dataclass
@@ -100,6 +122,7 @@ class UpdateStats:
     grad_norm_critic: float = math.nan
     optimizer_steps: int = 0
     skipped_steps: int = 0
+    empty_minibatches: int = 0
     early_stopped: bool = False
     minibatches: list[MinibatchResult] = field(default_factory=list)
 
@@ -110,37 +133,62 @@ def minibatch_backward(
     config: TrainerConfig,
     autocast: Callable[[], AbstractContextManager[object]],
     backward: Callable[[Tensor], None],
+    *,
+    rows: slice | None = None,
+    collectives: Collectives | None = None,
 ) -> MinibatchResult:
     """Forward and backward one minibatch in micro-batches; gradients accumulate in ``.grad``.
 
-    Raises :class:`NonFiniteError` if a forward pass or the loss is not finite (the caller skips
-    the step). No optimizer step is taken here.
+    ``batch`` is the whole minibatch; this process trains on ``batch.rows(rows)`` (all rows by
+    default), weighting each micro-batch by its share of the whole minibatch's tokens (rows for
+    ``seq-mean-*``), times ``collectives.gradient_scale``. A minibatch without any action token
+    returns ``tokens=0`` and does nothing. Raises :class:`NonFiniteError` if a forward pass or the
+    loss is not finite on any process (every process then raises, before its backward, so the
+    caller skips the step). No optimizer step is taken here. The statistics returned are this
+    process's shares; :meth:`MinibatchResult.combined` sums them over processes.
     """
-    # The normalisers of the whole minibatch (with data parallelism: summed over all ranks).
+    collectives = collectives or LocalCollectives()
+    # The normalisers of the whole minibatch (every process holds all of its rows).
     total_tokens = batch.mask.sum()
     total_rows = batch.mask.any(dim=1).sum()
-    micro = config.micro_batch_size or batch.size
-    result = MinibatchResult()
-    for start in range(0, batch.size, micro):
-        part = batch.rows(slice(start, start + micro))
-        with autocast():
-            outputs = actor_critic.response_outputs(
-                part.sequences, config.temperature, need_values=True, need_entropy=config.entropy_coef > 0
+    result = MinibatchResult(tokens=int(total_tokens))
+    if result.tokens == 0:
+        return result
+    mine = batch if rows is None else batch.rows(rows)
+    micro = config.micro_batch_size or max(mine.size, 1)
+    for start in range(0, mine.size, micro):
+        part = mine.rows(slice(start, start + micro))
+        problem: NonFiniteError | None = None
+        try:
+            with autocast():
+                outputs = actor_critic.response_outputs(
+                    part.sequences, config.temperature, need_values=True, need_entropy=config.entropy_coef > 0
+                )
+            assert outputs.values is not None
+            token_weight = part.mask.sum() / total_tokens
+            row_weight = part.mask.any(dim=1).sum() / total_rows
+            policy = policy_loss(
+                outputs.logprobs,
+                part.old_logprobs,
+                part.advantages,
+                part.mask,
+                config.clip_eps,
+                config.loss_agg,
             )
-        assert outputs.values is not None
-        token_weight = part.mask.sum() / total_tokens
-        row_weight = part.mask.any(dim=1).sum() / total_rows
-        policy = policy_loss(
-            outputs.logprobs, part.old_logprobs, part.advantages, part.mask, config.clip_eps, config.loss_agg
-        )
-        values = value_loss(outputs.values, part.old_values, part.returns, part.mask, config.value_clip_eps)
-        policy_weight = token_weight if config.loss_agg == "token-mean" else row_weight
-        loss = policy_weight * policy.loss + config.vf_coef * token_weight * values
-        if outputs.entropy is not None:
-            loss = loss - config.entropy_coef * token_weight * masked_mean(outputs.entropy, part.mask)
-        if not bool(torch.isfinite(loss)):
-            raise NonFiniteError(f"non-finite loss {float(loss)} in a micro-batch")
-        backward(loss)
+            values = value_loss(
+                outputs.values, part.old_values, part.returns, part.mask, config.value_clip_eps
+            )
+            policy_weight = token_weight if config.loss_agg == "token-mean" else row_weight
+            loss = policy_weight * policy.loss + config.vf_coef * token_weight * values
+            if outputs.entropy is not None:
+                loss = loss - config.entropy_coef * token_weight * masked_mean(outputs.entropy, part.mask)
+            if not bool(torch.isfinite(loss)):
+                problem = NonFiniteError(f"non-finite loss {float(loss)} in a micro-batch")
+        except NonFiniteError as error:
+            problem = error
+        if not collectives.all_true(problem is None):
+            raise problem or NonFiniteError("non-finite values in another process's micro-batch")
+        backward(loss * collectives.gradient_scale if collectives.gradient_scale != 1.0 else loss)
         with torch.no_grad():
             log_ratio = torch.where(part.mask, outputs.logprobs - part.old_logprobs, 0.0).abs().amax()
             weight = float(token_weight)
@@ -179,31 +227,55 @@ def ppo_update(
     clip_grad_norm: Callable[[list[torch.nn.Parameter], float], Tensor],
     logprob_tolerance: float,
     nonfinite_steps_so_far: int = 0,
+    collectives: Collectives | None = None,
 ) -> UpdateStats:
     """Run the PPO epochs of one iteration; return their statistics.
 
     Each epoch reshuffles the rollout rows (keyed by seed, iteration and epoch) and takes one
     optimizer step per minibatch. The first minibatch is checked for the step-0 identity; a step
     with non-finite values is skipped and counted, and the run stops (raises) once more than
-    ``config.max_nonfinite_steps`` were skipped. With ``target_approx_kl`` the epochs stop after a
-    minibatch whose approx-KL to the rollout policy exceeds it.
+    ``config.max_nonfinite_steps`` were skipped. A minibatch without action tokens (every sample
+    in it skipped for a bad score) takes no step. With ``target_approx_kl`` the epochs stop after a
+    minibatch whose approx-KL to the rollout policy exceeds it. ``batch`` is the whole rollout;
+    with several processes (``collectives``), each trains on its share of every minibatch.
     """
+    collectives = collectives or LocalCollectives()
     stats = UpdateStats()
     policy_params, critic_params = actor_critic.policy_parameters(), actor_critic.critic_parameters()
     max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
     policy_norms: list[float] = []
     critic_norms: list[float] = []
     size = config.minibatch_size
+    if size % collectives.world_size != 0:
+        raise ValueError(
+            f"config: a minibatch of {size} rows cannot be split evenly over {collectives.world_size} "
+            "processes (rollout_batch_size / num_minibatches must be a multiple of the process count)"
+        )
+    share = size // collectives.world_size
+    mine = slice(collectives.rank * share, (collectives.rank + 1) * share)
+    checked = False
     for epoch in range(config.ppo_epochs):
         order = torch.from_numpy(
             stream_rng(config.seed, Stream.SHUFFLE, iteration, epoch).permutation(batch.size)
         )
         for start in range(0, batch.size, size):
             rows = order[start : start + size].to(batch.mask.device)
-            first = epoch == 0 and start == 0
             try:
-                result = minibatch_backward(actor_critic, batch.rows(rows), config, autocast, backward)
-                if first:
+                result = minibatch_backward(
+                    actor_critic,
+                    batch.rows(rows),
+                    config,
+                    autocast,
+                    backward,
+                    rows=mine,
+                    collectives=collectives,
+                )
+                if result.tokens == 0:
+                    stats.empty_minibatches += 1
+                    continue
+                result = result.combined(collectives)
+                if not checked:
+                    checked = True
                     stats.logprob_check_max_abs_diff = result.max_abs_log_ratio
                     if not result.max_abs_log_ratio <= logprob_tolerance:
                         raise LogprobMismatchError(

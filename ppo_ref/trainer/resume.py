@@ -1,0 +1,249 @@
+"""A trainer's state into a checkpoint and back (the file format is :mod:`ppo_ref.trainer.checkpoint`).
+
+Saved: the policy, the critic (separate model or value head), the frozen reference, the reward
+model when the run has one, the optimizer state (AdamW moments and step counts, keyed by parameter
+name), the KL coefficient, the counters (non-finite steps, skipped samples), the initial evaluation,
+the number of completed iterations, the config, the metrics history and every process's global RNG
+states. There is no learning-rate scheduler to save.
+
+Why a resumed run is exact: nothing else carries over between iterations. Every random draw of
+the trainer is a function of (seed, stream, iteration, sample index or epoch), never of a global
+generator (prompt choice, sampling noise, minibatch shuffles, evaluation noise: see
+:mod:`ppo_ref.trainer.seeding`), dropout is off in every model, and every model stays in eval mode.
+So iteration N of a resumed run draws what iteration N of the straight run drew, from the same
+weights and optimizer state. The optimizer state is keyed by parameter name and the rollout is
+global, so a checkpoint written by W processes resumes on any number of processes (DeepSpeed
+excepted: its optimizer state is not saved, and resuming under it is refused).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+
+import ppo_ref
+from ppo_ref.trainer.checkpoint import (
+    CHECKPOINTS,
+    Checkpoint,
+    capture_rng_state,
+    checkpoint_name,
+    load_checkpoint,
+    restore_rng_state,
+    write_checkpoint,
+)
+from ppo_ref.trainer.config import RESUME_MUTABLE_FIELDS, TrainerConfig
+from ppo_ref.trainer.rollout import EvalResult
+
+if TYPE_CHECKING:
+    from ppo_ref.trainer.loop import PPOTrainer
+
+__all__ = [
+    "check_resume_config",
+    "load_models",
+    "load_trainer_state",
+    "open_checkpoint",
+    "resumed_config",
+    "save_checkpoint",
+]
+
+_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def check_resume_config(config: TrainerConfig, checkpoint: Checkpoint) -> None:
+    """Raise ``ValueError`` if ``config`` changes a field that determines the run's math, or asks
+    for fewer iterations than the checkpoint has done."""
+    try:
+        saved = TrainerConfig(**checkpoint.config)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"resume: the config saved in {checkpoint.path} is not valid here ({error})"
+        ) from None
+    for f in fields(TrainerConfig):
+        if f.name in RESUME_MUTABLE_FIELDS:
+            continue
+        ours, theirs = getattr(config, f.name), getattr(saved, f.name)
+        if ours != theirs:
+            raise ValueError(
+                f"resume: config field {f.name!r} is {ours!r} but {theirs!r} in {checkpoint.path}; a resumed "
+                f"run keeps the settings that determine its math (it may change only "
+                f"{', '.join(sorted(RESUME_MUTABLE_FIELDS))})"
+            )
+    if config.iterations < checkpoint.iteration:
+        raise ValueError(
+            f"resume: iterations={config.iterations} is fewer than the {checkpoint.iteration} iterations "
+            f"already done in {checkpoint.path} (--iterations is the run's total)"
+        )
+
+
+def open_checkpoint(path: str | Path, config: TrainerConfig) -> Checkpoint:
+    """The checkpoint ``path`` means (a run directory or one checkpoint), checked against ``config``."""
+    checkpoint = load_checkpoint(path)
+    check_resume_config(config, checkpoint)
+    return checkpoint
+
+
+def resumed_config(checkpoint: Checkpoint, user_values: dict[str, Any]) -> TrainerConfig:
+    """The config of a resumed run: the checkpoint's, with the fields the user set on top.
+
+    ``out`` defaults to the run directory the checkpoint belongs to. A user value that changes a
+    field outside :data:`~ppo_ref.trainer.config.RESUME_MUTABLE_FIELDS` is a ``ValueError``.
+    """
+    values = dict(checkpoint.config)
+    if "out" not in user_values:
+        values["out"] = str(checkpoint.path.parent.parent)
+    values.update(user_values)
+    config = TrainerConfig(**values)
+    check_resume_config(config, checkpoint)
+    return config
+
+
+# -- saving -------------------------------------------------------------------------------------------
+
+
+def _inner_optimizer(trainer: PPOTrainer) -> torch.optim.Optimizer:
+    optimizer: torch.optim.Optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
+    return optimizer
+
+
+def _trained_state_dict(trainer: PPOTrainer) -> dict[str, Tensor]:
+    """The full state dict of the policy + critic module (a collective under FSDP or DeepSpeed)."""
+    backend, runner = trainer.parallel.backend, trainer.actor_critic.train_runner
+    if backend == "deepspeed":
+        state: dict[str, Tensor] = trainer.accelerator.get_state_dict(runner)
+        return state
+    if backend == "fsdp":
+        full: dict[str, Tensor] = get_model_state_dict(trainer.actor_critic.module, options=_FULL)  # type: ignore[assignment]
+        return full
+    return trainer.actor_critic.module.state_dict()
+
+
+def _split(state: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
+    """``policy.*`` -> policy, ``critic.*`` and ``value_head.*`` -> critic."""
+    parts: dict[str, dict[str, Tensor]] = {"policy": {}, "critic": {}}
+    for key, tensor in state.items():
+        head, _, rest = key.partition(".")
+        parts["policy" if head == "policy" else "critic"][rest] = tensor
+    return parts
+
+
+def save_checkpoint(trainer: PPOTrainer, completed: int) -> Path:
+    """Write the trainer's state after ``completed`` iterations; every process must call this.
+
+    Under FSDP and DeepSpeed gathering the state is a collective; the main process writes.
+    Returns the checkpoint's path (the same on every process).
+    """
+    parallel = trainer.parallel
+    trained = _split(_trained_state_dict(trainer))
+    optimizer_state = None
+    if parallel.backend != "deepspeed":
+        module = trainer.actor_critic.module
+        optimizer_state = get_optimizer_state_dict(module, _inner_optimizer(trainer), options=_FULL)
+    rng_states = parallel.gather_list([capture_rng_state()])
+    path = Path(trainer.config.out) / CHECKPOINTS / checkpoint_name(completed)
+    if parallel.is_main:
+        models: dict[str, dict[str, Tensor]] = {**trained, "reference": trainer.reference.state_dict()}
+        if trainer.setup.reward_model is not None:
+            models["reward_model"] = trainer.setup.reward_model.state_dict()
+        state = {
+            "config": asdict(trainer.config),
+            "kl_coef": trainer.kl_controller.value,
+            "nonfinite_steps": trainer.nonfinite_steps,
+            "skipped_samples": trainer.skipped_samples,
+            "eval_initial": None if trainer.eval_initial is None else asdict(trainer.eval_initial),
+            "processes": parallel.world_size,
+            "data_parallel": parallel.backend,
+            "scheduler": None,
+            "versions": {"ppo_ref": ppo_ref.__version__, "torch": torch.__version__},
+        }
+        path = write_checkpoint(
+            trainer.config.out,
+            completed,
+            models=models,
+            optimizer_state=optimizer_state,
+            rng_states=rng_states,
+            state=state,
+            metrics_records=trainer.history[:completed],
+        )
+    parallel.barrier()
+    return path
+
+
+# -- loading ------------------------------------------------------------------------------------------
+
+
+def _load(module: nn.Module, state: dict[str, Tensor], what: str, checkpoint: Checkpoint) -> None:
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as error:
+        raise ValueError(
+            f"resume: the {what} in {checkpoint.path} does not fit this run's model: {error}"
+        ) from None
+
+
+def load_models(trainer: PPOTrainer, checkpoint: Checkpoint) -> None:
+    """Load the weights of every model (before the models are handed to the data-parallel backend)."""
+    actor_critic = trainer.actor_critic
+    _load(actor_critic.policy, checkpoint.state_dict("policy"), "policy", checkpoint)
+    critic: nn.Module = actor_critic.critic if actor_critic.critic is not None else actor_critic.value_head  # type: ignore[assignment]
+    _load(critic, checkpoint.state_dict("critic"), "critic", checkpoint)
+    _load(trainer.reference, checkpoint.state_dict("reference"), "reference", checkpoint)
+    reward_model = trainer.setup.reward_model
+    if (reward_model is not None) != checkpoint.has("reward_model"):
+        raise ValueError(f"resume: {checkpoint.path} and this run disagree on having a reward model")
+    if reward_model is not None:
+        _load(reward_model, checkpoint.state_dict("reward_model"), "reward model", checkpoint)
+
+
+def _eval_result(saved: dict[str, Any]) -> EvalResult:
+    """An :class:`EvalResult` from its JSON (which wrote NaN as null)."""
+
+    def number(key: str) -> float:
+        value = saved.get(key)
+        return math.nan if value is None else float(value)
+
+    well_formed = saved.get("well_formed_rate")
+    return EvalResult(
+        score=number("score"),
+        kl_ref=number("kl_ref"),
+        well_formed_rate=None if well_formed is None else float(well_formed),
+        eos_rate=number("eos_rate"),
+        samples=int(saved["samples"]),
+        skipped_samples=int(saved.get("skipped_samples", 0)),
+    )
+
+
+def load_trainer_state(trainer: PPOTrainer, checkpoint: Checkpoint) -> None:
+    """Load the optimizer state, KL coefficient, counters, history and RNG states (after prepare)."""
+    optimizer_state = checkpoint.optimizer_state()
+    if optimizer_state is None:
+        raise ValueError(f"resume: {checkpoint.path} holds no optimizer state (written under DeepSpeed)")
+    set_optimizer_state_dict(
+        trainer.actor_critic.module,
+        _inner_optimizer(trainer),
+        optimizer_state,
+        options=StateDictOptions(full_state_dict=True),
+    )
+    state = checkpoint.state
+    trainer.kl_controller.value = float(state["kl_coef"])
+    trainer.nonfinite_steps = int(state["nonfinite_steps"])
+    trainer.skipped_samples = int(state["skipped_samples"])
+    trainer.start_iteration = checkpoint.iteration
+    trainer.history = checkpoint.metrics_records()[: checkpoint.iteration]
+    initial = state.get("eval_initial")
+    if initial is not None:
+        trainer.eval_initial = _eval_result(initial)
+    trainer.resumed_from = checkpoint.path
+    rng_states = checkpoint.rng_states()
+    if len(rng_states) == trainer.parallel.world_size:
+        restore_rng_state(rng_states[trainer.parallel.rank])

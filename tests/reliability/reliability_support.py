@@ -1,0 +1,108 @@
+"""Helpers of the reliability tests: the tiny task, local checkpoints for the CLI, subprocess runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
+
+from tiny_task import PROMPTS, tiny_policy, tiny_reward_model, tiny_tokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    """One intra-op thread per test (tiny models; the machine's 2 cores are shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    """A not-yet-existing output directory for a run."""
+    return tmp_path / "run"
+
+
+def write_local_inputs(directory: Path) -> dict[str, Path]:
+    """A tiny policy (with tokenizer), a tiny reward model and a prompts file, as the CLI takes them."""
+    tokenizer = tiny_tokenizer()
+    paths = {"policy": directory / "policy", "reward": directory / "reward", "prompts": directory / "p.jsonl"}
+    tiny_policy(tokenizer).save_pretrained(paths["policy"])
+    tokenizer.save_pretrained(paths["policy"])
+    tiny_reward_model(tokenizer).save_pretrained(paths["reward"])
+    paths["prompts"].write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return paths
+
+
+def cli_args(inputs: dict[str, Path], out: Path, iterations: int, *extra: str) -> list[str]:
+    """``train`` arguments for a small run on the local inputs (no progress bar, TensorBoard or plots)."""
+    return [
+        "train",
+        "--policy",
+        str(inputs["policy"]),
+        "--reward",
+        str(inputs["reward"]),
+        "--prompts",
+        str(inputs["prompts"]),
+        "--out",
+        str(out),
+        "--iterations",
+        str(iterations),
+        "--rollout-batch-size",
+        "8",
+        "--max-new-tokens",
+        "5",
+        "--num-minibatches",
+        "2",
+        "--ppo-epochs",
+        "1",
+        "--eval-samples",
+        "4",
+        "--audit-samples",
+        "1",
+        "--no-progress-bar",
+        "--no-tensorboard",
+        "--no-plots",
+        *extra,
+    ]
+
+
+def start_cli(args: list[str], log: Path, **env: str) -> subprocess.Popen[bytes]:
+    """``python -m ppo_ref.cli ARGS`` in a new process (one thread), its output in ``log``."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    with open(log, "wb") as handle:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ppo_ref.cli", *args],
+            cwd=REPO,
+            env=environment,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_for(
+    condition: Callable[[], bool], process: subprocess.Popen[bytes], log: Path, timeout: float
+) -> None:
+    """Poll ``condition`` until it holds; fail (with the process's output) on timeout or early exit."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended (status {process.returncode}) first:\n{log.read_text()}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"timed out after {timeout} s:\n{log.read_text()}")
+        time.sleep(0.05)

@@ -32,9 +32,13 @@ QUICK: dict[str, Callable[[int], Task]] = {
 
 
 def test_registry() -> None:
-    assert set(TASKS) == {"positive-review", "positive-review-rm", "reverse", "length"} == set(QUICK)
+    offline = {"positive-review", "positive-review-rm", "reverse", "length"}
+    assert set(TASKS) == offline | {"smollm2-sentiment"}  # the real-model preset (tests/reliability)
+    assert set(QUICK) == offline
     assert DEFAULT_TASK == "positive-review"
-    with pytest.raises(ValueError, match="length, positive-review, positive-review-rm, reverse"):
+    with pytest.raises(
+        ValueError, match="length, positive-review, positive-review-rm, reverse, smollm2-sentiment"
+    ):
         get_task("sentiment", 0)
     with pytest.raises(ValueError, match="seed"):
         get_task("reverse", -1)

@@ -1,0 +1,304 @@
+"""The built-in adapter ``openrlhf``: OpenRLHF's own PPO functions under the conformance suite.
+
+Environment: ``python tools/thirdparty_envs.py openrlhf`` builds ``.envs/openrlhf`` (OpenRLHF 0.11.2
+on CPU torch), then ``.envs/openrlhf/bin/python -m pytest conformance/ --impl=openrlhf``.
+
+OpenRLHF's modules import ``flash_attn`` and ``vllm`` at top level, which do not install without
+CUDA; ``make_adapter`` first installs the allow-listed import stubs of
+:mod:`ppo_ref.adapters.thirdparty._openrlhf_stubs` (a finder at the end of ``sys.meta_path``,
+stand-ins that raise if called), so OpenRLHF's own ``except ImportError`` fallbacks still run.
+
+Every op calls an OpenRLHF function (``provenance`` names each one with its file and line, read from
+the installed package). Besides the call, the adapter only converts arguments, mirroring what
+OpenRLHF's trainer does before it calls the same function:
+
+- masks are passed as 0/1 tensors of the data's float dtype;
+- ``token_logprobs`` / ``entropy``: half-precision logits are cast to float32 first, as
+  ``Actor.forward`` does (``openrlhf/models/actor.py``: ``output["logits"].to(torch.float32)``;
+  float32/float64 logits are passed as they are); ``token_logprobs`` scores ``input_ids[:, 1:]``
+  with ``logits[:, :-1]`` (OpenRLHF rolls the ids by one and drops the last column: the same
+  pairs) and hands the temperature to ``log_probs_from_logits`` (its own parameter: it divides the
+  logits in place, the same division ``Actor.forward`` applies before its call), so the adapter
+  passes a copy when the temperature is not 1;
+- ``entropy`` calls ``compute_entropy`` as OpenRLHF does, ``@torch.compile``d: compiling for the
+  shapes the suite draws took about 50 s of a conformance run on a loaded 2-core CPU (the ENT-1
+  property test: 51 s), kept because the compiled kernel is what OpenRLHF runs;
+- ``kl_penalty`` / ``token_rewards`` with a mask multiply both log-prob tensors by the mask before
+  ``compute_approx_kl``: ``Actor.forward`` returns ``log_probs * action_mask.float()`` for the
+  policy and for the reference model, and those are what the experience maker passes;
+- ``gae`` calls ``RemoteExperienceMaker.get_advantages_and_returns`` unbound: it never reads
+  ``self``;
+- ``policy_loss`` builds ``PolicyLoss(clip_eps_low=clip_eps, clip_eps_high=clip_eps,
+  token_level_loss=(loss_agg == "token-mean"))`` as ``PPOActor`` does from ``--actor.eps_clip``
+  and ``--actor.loss_agg_mode`` (``openrlhf/trainer/ray/ppo_actor.py``), ``dual_clip`` left at
+  its default None; ``value_loss`` builds ``ValueLoss(clip_eps)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType, ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ppo_ref.adapters.base import OP_NAMES
+from ppo_ref.adapters.registry import AdapterLoadError
+from ppo_ref.adapters.thirdparty import _openrlhf_stubs
+
+__all__ = ["CONVENTIONS", "CONVENTION_SOURCES", "NOT_PROVIDED", "OpenRLHFAdapter", "make_adapter"]
+
+LIBRARY = "openrlhf"
+REQUIRED_MODULES = (
+    "openrlhf.models.loss",
+    "openrlhf.models.utils",
+    "openrlhf.trainer.ppo_utils.experience_maker",
+)
+
+CONVENTIONS: Mapping[str, object] = MappingProxyType(
+    {
+        "gae_bootstrap": "none",
+        "kl_clamp": 10.0,
+        "log_ratio_clamp": 20.0,
+        "approx_kl": "k1",
+        "loss_aggregations": ["token-mean", "seq-mean-token-mean"],
+    }
+)
+"""OpenRLHF's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
+
+CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
+    {
+        "gae_bootstrap": "openrlhf/trainer/ppo_utils/experience_maker.py "
+        "RemoteExperienceMaker.get_advantages_and_returns(values, rewards, action_mask, gamma, lambd): no "
+        "bootstrap argument, `nextvalues = ... else 0.0` after the last column",
+        "kl_clamp": "openrlhf/models/utils.py compute_approx_kl: `value = value.clamp(min=-10, max=10)` "
+        "for every estimator (k1, k2, k3)",
+        "log_ratio_clamp": "openrlhf/models/loss.py PolicyLoss.forward: `policy_log_ratio = "
+        "raw_policy_log_ratio.clamp(min=-20.0, max=20.0)` before the ratio (ppo_kl uses the raw log-ratio)",
+        "approx_kl": "openrlhf/models/loss.py PolicyLoss.forward: `ppo_kl = masked_mean("
+        "-raw_policy_log_ratio.detach(), action_mask)`, i.e. mean(old - new)",
+        "loss_aggregations": "openrlhf/cli/train_ppo_ray.py --actor.loss_agg_mode choices "
+        "['token-mean', 'seq-mean-token-mean'], mapped to PolicyLoss(token_level_loss=...) in "
+        "openrlhf/trainer/ray/ppo_actor.py; openrlhf/models/loss.py aggregate_loss",
+    }
+)
+"""Where each declared convention shows in OpenRLHF's code."""
+
+NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
+    {
+        "masked_whiten": "OpenRLHF whitens advantages inline in RemoteExperienceMaker."
+        "compute_advantages_and_returns (openrlhf/trainer/ppo_utils/experience_maker.py: over all "
+        "experiences, biased variance, var.clamp(min=1e-8).rsqrt(), no shift_mean), which needs the "
+        "whole experience pipeline; openrlhf.models.utils.masked_normalize whitens each row separately "
+        "(dim=1) and nothing in OpenRLHF 0.11.2 calls it",
+        "ppo_penalty_loss": "OpenRLHF has no PPO-Penalty (adaptive-beta KL-penalised surrogate) loss",
+    }
+)
+"""Ops of the contract this adapter does not provide, and why."""
+
+
+def _missing_library(error: ImportError) -> AdapterLoadError:
+    return AdapterLoadError(
+        f"adapter {LIBRARY!r}: cannot import OpenRLHF in this environment ({error}). Build its isolated "
+        f"environment with `python tools/thirdparty_envs.py {LIBRARY}`, then run "
+        f"`.envs/{LIBRARY}/bin/python -m pytest conformance/ --impl={LIBRARY}` (docs/thirdparty-envs.md)"
+    )
+
+
+def _import(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        raise _missing_library(error) from error
+
+
+def _where(function: Any) -> str:
+    """``module.qualname (path/in/site-packages.py:line)`` of a library function."""
+    target = inspect.unwrap(function)
+    name = f"{target.__module__}.{target.__qualname__}"
+    try:
+        source = Path(inspect.getsourcefile(target) or "")
+        line = inspect.getsourcelines(target)[1]
+        top = sys.modules[target.__module__.partition(".")[0]]
+        root = Path(top.__file__ or "").parent.parent
+        return f"{name} ({source.relative_to(root)}:{line})"
+    except (TypeError, OSError, ValueError, KeyError):
+        return name
+
+
+def _float_mask(mask: Tensor, like: Tensor) -> Tensor:
+    """The mask as 0/1 values of ``like``'s floating dtype."""
+    dtype = like.dtype if like.is_floating_point() else torch.float32
+    return mask.to(dtype)
+
+
+def _as_actor_logits(logits: Tensor) -> Tensor:
+    """Half-precision logits cast to float32, as ``Actor.forward`` does; wider ones unchanged."""
+    return logits.to(torch.float32) if logits.dtype in (torch.float16, torch.bfloat16) else logits
+
+
+@dataclass(frozen=True)
+class PolicyLossResult:
+    """OpenRLHF's policy loss with its ``clip_ratio`` (clipfrac) and ``ppo_kl`` (approx_kl)."""
+
+    loss: Tensor
+    clipfrac: Tensor
+    approx_kl: Tensor
+
+
+class OpenRLHFAdapter:
+    """Each op is an OpenRLHF function; see the module docstring for the argument conversions."""
+
+    name = LIBRARY
+    conventions = CONVENTIONS
+    convention_sources = CONVENTION_SOURCES
+    not_provided = NOT_PROVIDED
+
+    def __init__(self, modules: Mapping[str, ModuleType]) -> None:
+        self._loss = modules["openrlhf.models.loss"]
+        self._utils = modules["openrlhf.models.utils"]
+        self._maker = modules["openrlhf.trainer.ppo_utils.experience_maker"].RemoteExperienceMaker
+        self._policy_losses: dict[tuple[float, str], Any] = {}
+        self.version = importlib.metadata.version("openrlhf")
+        utils = self._utils
+        kl = _where(utils.compute_approx_kl)
+        sources = {
+            "token_logprobs": _where(utils.log_probs_from_logits),
+            "entropy": _where(utils.compute_entropy) + " (the torch.compile'd function, called as is)",
+            "masked_mean": _where(utils.masked_mean),
+            "kl_penalty": f"{kl} on log-probs multiplied by the mask (as Actor.forward returns them)",
+            "token_rewards": f"{_where(utils.compute_reward)} (reward_clip_range=None, the function default; "
+            f"the CLI default --reward.clip_range is (-10, 10)) with kl from {kl}",
+            "gae": _where(self._maker.get_advantages_and_returns) + " called unbound (self unused)",
+            "policy_loss": _where(self._loss.PolicyLoss.forward),
+            "value_loss": _where(self._loss.ValueLoss.forward),
+        }
+        sources = {op: sources[op] for op in OP_NAMES if op in sources}
+        self.ops: frozenset[str] = frozenset(sources)
+        self.provenance = "; ".join(
+            [f"{op}: {source}" for op, source in sources.items()]
+            + [f"not provided: {op} ({reason})" for op, reason in NOT_PROVIDED.items()]
+        )
+
+    def __repr__(self) -> str:
+        return f"OpenRLHFAdapter(version={self.version!r})"
+
+    def token_logprobs(self, logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
+        actor_logits = _as_actor_logits(logits)
+        shifted = actor_logits[:, :-1]
+        if temperature != 1.0 and actor_logits is logits:
+            shifted = shifted.clone()  # log_probs_from_logits divides its argument in place
+        result: Tensor = self._utils.log_probs_from_logits(shifted, input_ids[:, 1:], temperature=temperature)
+        return result
+
+    def entropy(self, logits: Tensor) -> Tensor:
+        result: Tensor = self._utils.compute_entropy(_as_actor_logits(logits))
+        return result
+
+    def masked_mean(self, x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+        result: Tensor = self._utils.masked_mean(x, _float_mask(mask, x), dim=dim)
+        return result
+
+    def _kl(self, logp: Tensor, ref_logp: Tensor, estimator: str, mask: Tensor | None) -> Tensor:
+        if mask is not None:
+            logp, ref_logp = logp * _float_mask(mask, logp), ref_logp * _float_mask(mask, ref_logp)
+        kl: Tensor = self._utils.compute_approx_kl(logp, ref_logp, kl_estimator=estimator)
+        return kl
+
+    def kl_penalty(
+        self, logp: Tensor, ref_logp: Tensor, estimator: str = "k1", mask: Tensor | None = None
+    ) -> Tensor:
+        return self._kl(logp, ref_logp, estimator, mask)
+
+    def token_rewards(
+        self,
+        scores: Tensor,
+        logp: Tensor,
+        ref_logp: Tensor,
+        mask: Tensor,
+        kl_coef: float,
+        estimator: str = "k1",
+    ) -> Tensor:
+        kl = self._kl(logp, ref_logp, estimator, mask)
+        rewards: Tensor = self._utils.compute_reward(scores, kl_coef, kl, action_mask=_float_mask(mask, kl))
+        return rewards
+
+    def gae(
+        self,
+        rewards: Tensor,
+        values: Tensor,
+        mask: Tensor,
+        gamma: float,
+        lam: float,
+        last_values: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        if last_values is not None:
+            raise ValueError(
+                "last_values: OpenRLHF's get_advantages_and_returns has no bootstrap input "
+                "(declared gae_bootstrap='none')"
+            )
+        advantages, returns = self._maker.get_advantages_and_returns(
+            None, values, rewards, _float_mask(mask, values), gamma, lam
+        )
+        return advantages, returns
+
+    def policy_loss(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        clip_eps: float,
+        loss_agg: str = "token-mean",
+    ) -> PolicyLossResult:
+        if loss_agg not in ("token-mean", "seq-mean-token-mean"):
+            raise ValueError(
+                "loss_agg: OpenRLHF's PolicyLoss has token-mean and seq-mean-token-mean only, "
+                f"got {loss_agg!r}"
+            )
+        key = (clip_eps, loss_agg)
+        if key not in self._policy_losses:
+            self._policy_losses[key] = self._loss.PolicyLoss(
+                clip_eps_low=clip_eps, clip_eps_high=clip_eps, token_level_loss=loss_agg == "token-mean"
+            )
+        loss, clip_ratio, ppo_kl, _vllm_kl, _filtered = self._policy_losses[key](
+            logp, old_logp, advantages, action_mask=_float_mask(mask, logp)
+        )
+        return PolicyLossResult(loss=loss, clipfrac=clip_ratio, approx_kl=ppo_kl)
+
+    def value_loss(
+        self,
+        values: Tensor,
+        old_values: Tensor,
+        returns: Tensor,
+        mask: Tensor,
+        clip_eps: float | None = None,
+    ) -> Tensor:
+        loss: Tensor = self._loss.ValueLoss(clip_eps=clip_eps)(
+            values, old_values, returns, action_mask=_float_mask(mask, values)
+        )
+        return loss
+
+
+def make_adapter() -> OpenRLHFAdapter:
+    """Install the import stubs, import OpenRLHF (only now) and return its adapter.
+
+    Nothing is installed when OpenRLHF itself is missing; the stubs are removed again when an
+    import fails."""
+    if importlib.util.find_spec(LIBRARY) is None:
+        raise _missing_library(ModuleNotFoundError(f"No module named {LIBRARY!r}", name=LIBRARY))
+    _openrlhf_stubs.install()
+    try:
+        modules = {name: _import(name) for name in REQUIRED_MODULES}
+    except AdapterLoadError:
+        _openrlhf_stubs.uninstall()
+        raise
+    return OpenRLHFAdapter(modules)

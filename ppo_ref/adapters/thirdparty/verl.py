@@ -1,0 +1,305 @@
+"""The built-in adapter ``verl``: verl's own PPO functions under the conformance suite.
+
+Environment: ``python tools/thirdparty_envs.py verl`` builds ``.envs/verl`` (verl 0.9.1 on CPU
+torch), then ``.envs/verl/bin/python -m pytest conformance/ --impl=verl``.
+
+Every op calls a verl function (``provenance`` names each one with its file and line, read from the
+installed package). Besides the call, the adapter only converts arguments:
+
+- masks are passed as 0/1 tensors of the data's float dtype (verl's ``response_mask``);
+- ``token_logprobs`` scores ``input_ids[:, 1:]`` with ``logits[:, :-1]`` (verl rolls the ids by one
+  and drops the last column: the same pairs) after scaling the logits by the temperature with
+  verl's own ``_scale_logits_by_temperature`` (``verl/workers/engine/fsdp/transformer_impl.py``),
+  which is what verl's engine does before it calls ``logprobs_from_logits``; the logits keep their
+  dtype (verl's engine does not up-cast them);
+- ``kl_penalty`` with a mask multiplies the estimate by the mask afterwards, as verl's
+  ``apply_kl_penalty`` (``verl/trainer/ppo/ray_trainer.py``) does with ``response_mask``;
+- ``policy_loss`` builds an ``ActorConfig`` whose ``clip_ratio``, ``clip_ratio_low`` and
+  ``clip_ratio_high`` are ``clip_eps`` (every other field keeps verl's default, ``clip_ratio_c=3``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import inspect
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType, ModuleType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ppo_ref.adapters.base import OP_NAMES
+from ppo_ref.adapters.registry import AdapterLoadError
+
+__all__ = ["CONVENTIONS", "CONVENTION_SOURCES", "NOT_PROVIDED", "VerlAdapter", "make_adapter"]
+
+LIBRARY = "verl"
+REQUIRED_MODULES = ("verl.trainer.ppo.core_algos", "verl.utils.torch_functional", "verl.workers.config")
+ENGINE_MODULE = "verl.workers.engine.fsdp.transformer_impl"
+
+CONVENTIONS: Mapping[str, object] = MappingProxyType(
+    {
+        "gae_whitening": "unbiased",
+        "gae_bootstrap": "none",
+        "dual_clip": 3.0,
+        "log_ratio_clamp": 20.0,
+        "approx_kl": "k1",
+        "kl_clamp": {"k3": 10.0},
+        "value_clip_modes": ["clipped"],
+    }
+)
+"""verl's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
+
+CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
+    {
+        "gae_whitening": "verl/trainer/ppo/core_algos.py compute_gae_advantage_return: always ends with "
+        "`advantages = verl_F.masked_whiten(advantages, response_mask)` (verl/utils/torch_functional.py "
+        "masked_whiten: unbiased masked_var, rsqrt(var + 1e-8)); returns = raw advantages + values",
+        "gae_bootstrap": "verl/trainer/ppo/core_algos.py compute_gae_advantage_return(token_level_rewards, "
+        "values, response_mask, gamma, lam): no bootstrap argument, `nextvalues = 0` after the last column",
+        "dual_clip": "verl/trainer/ppo/core_algos.py compute_policy_loss_vanilla: `pg_losses3 = -advantages "
+        "* clip_ratio_c`, applied where advantages < 0, clip_ratio_c = config.get('clip_ratio_c', 3.0); "
+        "verl/workers/config/actor.py ActorConfig.clip_ratio_c = 3.0",
+        "log_ratio_clamp": "verl/trainer/ppo/core_algos.py compute_policy_loss_vanilla: "
+        "`negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)` before the ratio "
+        "and ppo_kl",
+        "approx_kl": "verl/trainer/ppo/core_algos.py compute_policy_loss_vanilla: "
+        "`ppo_kl = verl_F.masked_mean(-negative_approx_kl, response_mask)`, i.e. mean(old - new)",
+        "kl_clamp": "verl/trainer/ppo/core_algos.py kl_penalty_forward: low_var_kl/k3 is "
+        "`torch.clamp(exp(kl) - kl - 1, min=-10, max=10)` (kl, abs, mse/k2 are not clamped)",
+        "value_clip_modes": "verl/trainer/ppo/core_algos.py compute_value_loss(vpreds, returns, values, "
+        "response_mask, cliprange_value, ...): cliprange_value is required and always applied; verl has no "
+        "unclipped value loss",
+    }
+)
+"""Where each declared convention shows in verl's code."""
+
+NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
+    {
+        "token_rewards": "verl splits it: the reward managers place the score at "
+        "valid_response_length - 1 (verl/workers/reward_manager/naive.py, needs a tokenizer and a DataProto) "
+        "and apply_kl_penalty (verl/trainer/ppo/ray_trainer.py) subtracts beta * kl from those "
+        "token_level_scores; no verl function maps (scores, logp, ref_logp, mask) to token rewards",
+        "ppo_penalty_loss": "verl has no PPO-Penalty (adaptive-beta KL-penalised surrogate) loss",
+    }
+)
+"""Ops of the contract this adapter does not provide, and why."""
+
+
+def _missing_library(error: ImportError) -> AdapterLoadError:
+    return AdapterLoadError(
+        f"adapter {LIBRARY!r}: cannot import verl in this environment ({error}). Build its isolated "
+        f"environment with `python tools/thirdparty_envs.py {LIBRARY}`, then run "
+        f"`.envs/{LIBRARY}/bin/python -m pytest conformance/ --impl={LIBRARY}` (docs/thirdparty-envs.md)"
+    )
+
+
+def _import(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        raise _missing_library(error) from error
+
+
+def _where(function: Any) -> str:
+    """``module.qualname (path/in/site-packages.py:line)`` of a library function."""
+    target = inspect.unwrap(function)
+    name = f"{target.__module__}.{target.__qualname__}"
+    try:
+        source = Path(inspect.getsourcefile(target) or "")
+        line = inspect.getsourcelines(target)[1]
+        top = sys.modules[target.__module__.partition(".")[0]]
+        root = Path(top.__file__ or "").parent.parent
+        return f"{name} ({source.relative_to(root)}:{line})"
+    except (TypeError, OSError, ValueError, KeyError):
+        return name
+
+
+def _float_mask(mask: Tensor, like: Tensor) -> Tensor:
+    """The mask as 0/1 values of ``like``'s floating dtype (what verl's response_mask holds)."""
+    dtype = like.dtype if like.is_floating_point() else torch.float32
+    return mask.to(dtype)
+
+
+@dataclass(frozen=True)
+class PolicyLossResult:
+    """verl's policy loss and its metrics (``clipfrac_lower``: verl's dual-clip share, extra)."""
+
+    loss: Tensor
+    clipfrac: float
+    approx_kl: float
+    clipfrac_lower: float
+
+
+class VerlAdapter:
+    """Each op is a verl function; see the module docstring for the argument conversions."""
+
+    name = LIBRARY
+    conventions = CONVENTIONS
+    convention_sources = CONVENTION_SOURCES
+
+    def __init__(self, modules: Mapping[str, ModuleType], engine: ModuleType | None) -> None:
+        self._core = modules["verl.trainer.ppo.core_algos"]
+        self._functional = modules["verl.utils.torch_functional"]
+        self._actor_config = modules["verl.workers.config"].ActorConfig
+        self._engine = engine
+        self._configs: dict[float, Any] = {}
+        self.version = importlib.metadata.version("verl")
+        core, functional = self._core, self._functional
+        sources = {
+            "entropy": _where(functional.entropy_from_logits),
+            "masked_mean": _where(functional.masked_mean),
+            "masked_whiten": _where(functional.masked_whiten),
+            "kl_penalty": _where(core.kl_penalty) + " (estimator names k1, k2, k3 as given), times the "
+            "mask afterwards as verl.trainer.ppo.ray_trainer.apply_kl_penalty does",
+            "gae": _where(core.compute_gae_advantage_return),
+            "policy_loss": _where(core.get_policy_loss_fn("vanilla"))
+            + " via get_policy_loss_fn('vanilla'), with "
+            + _where(self._actor_config),
+            "value_loss": _where(core.compute_value_loss) + " with loss_agg_mode='token-mean'",
+        }
+        not_provided = dict(NOT_PROVIDED)
+        if engine is None:
+            not_provided["token_logprobs"] = f"{ENGINE_MODULE} (verl's temperature scaling) did not import"
+        else:
+            sources["token_logprobs"] = (
+                f"{_where(functional.logprobs_from_logits)} on logits scaled by "
+                f"{_where(engine._scale_logits_by_temperature)}"
+            )
+        sources = {op: sources[op] for op in OP_NAMES if op in sources}
+        self.ops: frozenset[str] = frozenset(sources)
+        self.not_provided: Mapping[str, str] = MappingProxyType(not_provided)
+        self.provenance = "; ".join(
+            [f"{op}: {source}" for op, source in sources.items()]
+            + [f"not provided: {op} ({reason})" for op, reason in not_provided.items()]
+        )
+
+    def __repr__(self) -> str:
+        return f"VerlAdapter(version={self.version!r})"
+
+    def token_logprobs(self, logits: Tensor, input_ids: Tensor, temperature: float = 1.0) -> Tensor:
+        if self._engine is None:
+            raise RuntimeError(f"token_logprobs is not provided: {self.not_provided['token_logprobs']}")
+        rows = logits.shape[0]
+        per_row = torch.full((rows, 1, 1), float(temperature), dtype=torch.float32, device=logits.device)
+        scaled = self._engine._scale_logits_by_temperature(
+            logits, per_row, is_unit_temperature=self._engine._is_scalar_unit_temperature(temperature)
+        )
+        result: Tensor = self._functional.logprobs_from_logits(scaled[:, :-1], input_ids[:, 1:])
+        return result
+
+    def entropy(self, logits: Tensor) -> Tensor:
+        result: Tensor = self._functional.entropy_from_logits(logits)
+        return result
+
+    def masked_mean(self, x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+        result: Tensor = self._functional.masked_mean(x, _float_mask(mask, x), axis=dim)
+        return result
+
+    def masked_whiten(self, x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+        result: Tensor = self._functional.masked_whiten(x, _float_mask(mask, x), shift_mean=shift_mean)
+        return result
+
+    def kl_penalty(
+        self, logp: Tensor, ref_logp: Tensor, estimator: str = "k1", mask: Tensor | None = None
+    ) -> Tensor:
+        kl: Tensor = self._core.kl_penalty(logp, ref_logp, kl_penalty=estimator)
+        return kl if mask is None else kl * _float_mask(mask, kl)
+
+    def gae(
+        self,
+        rewards: Tensor,
+        values: Tensor,
+        mask: Tensor,
+        gamma: float,
+        lam: float,
+        last_values: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        if last_values is not None:
+            raise ValueError(
+                "last_values: verl's compute_gae_advantage_return has no bootstrap input "
+                "(declared gae_bootstrap='none')"
+            )
+        advantages, returns = self._core.compute_gae_advantage_return(
+            rewards, values, _float_mask(mask, values), gamma, lam
+        )
+        return advantages, returns
+
+    def _config(self, clip_eps: float) -> Any:
+        if clip_eps not in self._configs:
+            self._configs[clip_eps] = self._actor_config(
+                strategy="fsdp",
+                rollout_n=1,
+                ppo_micro_batch_size_per_gpu=1,
+                clip_ratio=clip_eps,
+                clip_ratio_low=clip_eps,
+                clip_ratio_high=clip_eps,
+            )
+        return self._configs[clip_eps]
+
+    def policy_loss(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        clip_eps: float,
+        loss_agg: str = "token-mean",
+    ) -> PolicyLossResult:
+        loss_fn = self._core.get_policy_loss_fn("vanilla")
+        loss, metrics = loss_fn(
+            old_log_prob=old_logp,
+            log_prob=logp,
+            advantages=advantages,
+            response_mask=_float_mask(mask, logp),
+            loss_agg_mode=loss_agg,
+            config=self._config(clip_eps),
+        )
+        return PolicyLossResult(
+            loss=loss,
+            clipfrac=metrics["actor/pg_clipfrac"],
+            approx_kl=metrics["actor/ppo_kl"],
+            clipfrac_lower=metrics["actor/pg_clipfrac_lower"],
+        )
+
+    def value_loss(
+        self,
+        values: Tensor,
+        old_values: Tensor,
+        returns: Tensor,
+        mask: Tensor,
+        clip_eps: float | None = None,
+    ) -> Tensor:
+        if clip_eps is None:
+            raise ValueError(
+                "clip_eps: verl's compute_value_loss always clips (cliprange_value is required; declared "
+                "value_clip_modes=['clipped'])"
+            )
+        loss, _clipfrac = self._core.compute_value_loss(
+            vpreds=values,
+            returns=returns,
+            values=old_values,
+            response_mask=_float_mask(mask, values),
+            cliprange_value=clip_eps,
+            loss_agg_mode="token-mean",
+        )
+        result: Tensor = loss
+        return result
+
+
+def make_adapter() -> VerlAdapter:
+    """Import verl (only now) and return its adapter; a clear error if verl is not installed."""
+    modules = {name: _import(name) for name in REQUIRED_MODULES}
+    try:
+        with warnings.catch_warnings():  # it warns about every GPU engine it cannot load on a CPU
+            warnings.simplefilter("ignore")
+            engine: ModuleType | None = importlib.import_module(ENGINE_MODULE)
+    except ImportError:
+        engine = None
+    return VerlAdapter(modules, engine)

@@ -1,0 +1,32 @@
+"""Benchmarks of ppo-ref, side by side with other PPO implementations (issue 6).
+
+Kept out of the default test run (pyproject ``testpaths``). ``pytest bench/ --bench-impl=NAME``
+times the ops of one adapter (``mine`` by default; a third-party one runs in that library's own
+environment, see ``tools/run_bench.py``). CI runs ``pytest bench/ --benchmark-disable`` once so the
+benchmarks cannot rot.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ppo_ref.adapters import get_adapter
+from ppo_ref.adapters.base import Adapter
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--bench-impl",
+        default="mine",
+        help="adapter whose ops the primitive benchmarks time (default: mine)",
+    )
+
+
+@pytest.fixture(scope="session")
+def adapter(request: pytest.FixtureRequest) -> Adapter:
+    return get_adapter(str(request.config.getoption("--bench-impl")))
+
+
+def require(adapter: Adapter, op: str) -> None:
+    if op not in adapter.ops:
+        pytest.skip(f"{adapter.name} does not provide {op}")

@@ -1,0 +1,418 @@
+"""Render ``bench/RESULTS.md`` from one ``tools/run_bench.py`` run (``bench/results/run.json`` plus the
+pytest-benchmark JSON files of the primitives). Every number in the file comes from that run."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+LARGE_GROUPS = (
+    "gae B256 T2048",
+    "policy_loss B256 T2048",
+    "masked_whiten B256 T2048",
+    "token_logprobs B4 L512 V150k",
+)
+TARGETS = {"trainer_ratio": 2.0, "overhead": 1.10, "primitive_ratio": 1.10, "logprobs_memory": 1.2}
+
+
+def _mib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.0f} MiB"
+
+
+def _q(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _met(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("met" if ok else "**missed**")
+
+
+def trainer_summary(trainer: dict[str, Any]) -> dict[str, Any]:
+    rounds = trainer["rounds"]
+    ours = [x for r in rounds for x in r["ppo_ref"]]
+    trl = [x for r in rounds for x in r["trl"]]
+    ratios = [r["ratio_trl_over_ppo_ref"] for r in rounds]
+    overheads = [r["overhead"] for r in rounds]
+    bare = {
+        k: statistics.median(r["bare"][k] for r in rounds) for k in ("generate", "forwards", "update", "bare")
+    }
+    info = trainer["info"]
+    return {
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "ratio_of_medians": statistics.median(trl) / statistics.median(ours),
+        "ratio_of_minima": min(trl) / min(ours),
+        "ours": ours,
+        "trl": trl,
+        "overhead": statistics.median(overheads),
+        "overheads": overheads,
+        "bare": bare,
+        "peak_ours": trainer.get("peak_rss_trainer_only", info["ppo_ref"]["peak_rss_bytes"]),
+        "trl_over_bare": statistics.median(r["trl_over_bare"] for r in rounds),
+        "ratio_of_minima_overhead": min(ours) / min(r["bare"]["bare"] for r in rounds),
+        "peak_trl": info["trl"]["peak_rss_bytes"],
+        "stages": info["ppo_ref"].get("stage_seconds_median", {}),
+    }
+
+
+def primitive_table(results_dir: Path, primitives: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
+    """group -> impl -> {median, min} in seconds: the better median (and minimum) over the passes."""
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for impl, entry in primitives.items():
+        for name in entry["json"]:
+            path = results_dir / name
+            if not path.exists():
+                continue
+            for bench in json.loads(path.read_text())["benchmarks"]:
+                stats = bench["stats"]
+                cell = table.setdefault(bench["group"], {}).setdefault(
+                    impl, {"median": math.inf, "min": math.inf}
+                )
+                cell["median"] = min(cell["median"], stats["median"])
+                cell["min"] = min(cell["min"], stats["min"])
+    return table
+
+
+def _versions(results_dir: Path, primitives: dict[str, Any]) -> dict[str, str]:
+    versions = {}
+    for impl, entry in primitives.items():
+        path = results_dir / entry["json"][0]
+        if path.exists():
+            benches = json.loads(path.read_text())["benchmarks"]
+            if benches:
+                versions[impl] = str(benches[0]["extra_info"].get("version"))
+    return versions
+
+
+def write_report(run: dict[str, Any], results_dir: Path, out: Path) -> Path:
+    lines: list[str] = []
+    add = lines.append
+    trainer = trainer_summary(run["trainer"]) if "trainer" in run else None
+    ratio_text = f"{trainer['ratio']:.2f}" if trainer else "n/a"
+    add(f"Trainer vs TRL 1.12 PPOTrainer: {ratio_text}x iterations/s (same settings, same run)")
+    add("")
+    add("# Benchmarks: ppo-ref against the alternatives, one run on one machine")
+    add("")
+    machine = run["machine"]
+    add(
+        f"Produced by `{run['command']}` on {run['date_utc']} (commit "
+        f"{machine['git_commit']}{', with uncommitted changes' if machine['git_worktree_dirty'] else ''}), "
+        f"{run['wall_seconds'] / 60:.1f} minutes. Raw data: `bench/results/run.json` and the "
+        "pytest-benchmark JSON files `bench/results/primitives-*.json`. Every ratio below comes from this "
+        "run; `bench/PERF-NOTES.md` records the changes made for the targets, their before/after figures "
+        "and the profiles behind them."
+    )
+    add("")
+    add(
+        f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, "
+        f"{machine['platform']}, Python {machine['python']}."
+    )
+    loads = [
+        ("start", run.get("loadavg_start")),
+        ("after the trainer comparison", run.get("loadavg_after_trainer")),
+        ("after the primitives", run.get("loadavg_after_primitives")),
+        ("end", run.get("loadavg_end")),
+    ]
+    add(
+        "- Load average (1, 5, 15 min): "
+        + "; ".join(f"{label} {' / '.join(f'{x:.1f}' for x in value)}" for label, value in loads if value)
+        + ". The machine is shared with other jobs: absolute times vary several-fold between minutes; "
+        "only ratios measured side by side in this run are meaningful."
+    )
+    policy = run["omp_wait_policy"] or "(unset)"
+    add(
+        f"- Every process: {run.get('threads', 2)} torch threads, `OMP_WAIT_POLICY={policy}`. With the "
+        "default (spinning) policy, two-thread ops on cores busy with other jobs wait for descheduled "
+        "threads: a tiny GPT-2 forward took 0.15-1.0 s instead of 0.03 s, and TRL's iterations 5-10x "
+        "longer than ppo-ref's, which says more about the machine than about either trainer."
+    )
+    if trainer:
+        info = run["trainer"]["info"]
+        versions = {
+            **info["ppo_ref"]["versions"],
+            **{f"TRL env {k}": v for k, v in info["trl"]["versions"].items()},
+        }
+        add("- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".")
+    if "primitives" in run:
+        add(
+            "- Adapters in the primitive benchmarks: "
+            + ", ".join(f"{k} {v}" for k, v in _versions(results_dir, run["primitives"]).items())
+            + "."
+        )
+    add("")
+    _targets(lines, run, trainer, results_dir)
+    if trainer:
+        _trainer_section(lines, run, trainer)
+    if "primitives" in run:
+        _primitives_section(lines, run, results_dir)
+    if "memory" in run:
+        _memory_section(lines, run)
+    if "conformance" in run:
+        c = run["conformance"]
+        add("## Conformance suite against `mine`")
+        add("")
+        add(f"`{c['command']}`: {c['wall_seconds']:.1f} s wall ({c['summary']}).")
+        add("")
+    _method(lines)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def _targets(
+    lines: list[str], run: dict[str, Any], trainer: dict[str, Any] | None, results_dir: Path
+) -> None:
+    add = lines.append
+    add("## Targets (issue 6)")
+    add("")
+    add("| target | measured in this run | |")
+    add("|---|---|---|")
+    if trainer:
+        add(
+            f"| trainer >= {TARGETS['trainer_ratio']:.1f}x TRL's iterations/s | {trainer['ratio']:.2f}x "
+            f"(median of {len(trainer['ratios'])} per-round ratios; ratio of medians "
+            f"{trainer['ratio_of_medians']:.2f}x). TRL's own iteration is {trainer['trl_over_bare']:.2f}x "
+            "the bare compute in the same rounds: no loop that does this model work can exceed that ratio "
+            f"here | {_met(trainer['ratio'] >= TARGETS['trainer_ratio'])} |"
+        )
+        add(
+            f"| trainer peak memory <= TRL's | {_mib(trainer['peak_ours'])} vs {_mib(trainer['peak_trl'])} "
+            f"(peak RSS of each process) | {_met(trainer['peak_ours'] <= trainer['peak_trl'])} |"
+        )
+        add(
+            f"| overhead <= {TARGETS['overhead']:.2f}x bare compute | {trainer['overhead']:.2f}x (median of "
+            f"per-round ratios) | {_met(trainer['overhead'] <= TARGETS['overhead'])} |"
+        )
+    if "primitives" in run:
+        table = primitive_table(results_dir, run["primitives"])
+        for group in LARGE_GROUPS:
+            row = table.get(group, {})
+            others = {k: v["median"] for k, v in row.items() if k != "mine"}
+            if "mine" not in row or not others:
+                add(
+                    f"| {group}: within {TARGETS['primitive_ratio']:.1f}x of the fastest third party | no "
+                    "third-party equivalent measured | n/a |"
+                )
+                continue
+            fastest = min(others, key=lambda k: others[k])
+            ratio = row["mine"]["median"] / others[fastest]
+            add(
+                f"| {group}: within {TARGETS['primitive_ratio']:.1f}x of the fastest third party | "
+                f"{ratio:.2f}x of {fastest} (median {row['mine']['median'] * 1e3:.2f} vs "
+                f"{others[fastest] * 1e3:.2f} ms) | {_met(ratio <= TARGETS['primitive_ratio'])} |"
+            )
+    if "memory" in run:
+        for entry in run["memory"]:
+            if entry.get("impl") == "mine" and "extra_over_logits" in entry:
+                value = entry["extra_over_logits"]
+                add(
+                    f"| token_logprobs V={entry['vocab'] // 1000}k peak extra memory <= "
+                    f"{TARGETS['logprobs_memory']:.1f}x logits | {value:.3f}x "
+                    f"({_mib(entry['extra_peak_bytes'])} over {_mib(entry['logits_bytes'])}) | "
+                    f"{_met(value <= TARGETS['logprobs_memory'])} |"
+                )
+    add("")
+
+
+def _trainer_section(lines: list[str], run: dict[str, Any], t: dict[str, Any]) -> None:
+    add = lines.append
+    tokens = 64 * 32
+    add("## Trainer: one PPO iteration, ppo-ref against TRL 1.12's PPOTrainer")
+    add("")
+    add(
+        "Settings (`bench/tiny_ppo.py`, from `../shared/research/third-party-ppo.md`): four separate "
+        "random-init `GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=64)` models "
+        "(policy, frozen reference, value, reward), dropout 0, float32; PAD and EOS outside the "
+        "vocabulary, so every response has 32 tokens; 640 fixed random 8-token prompts; batch 64; "
+        "temperature 1; 4 epochs x 4 minibatches of 16; no gradient accumulation or clipping; fused AdamW "
+        "lr 3e-4, weight decay 0; KL 0.05 (k1), clip 0.2, value clip 0.2, vf_coef 0.1, gamma 1, lambda "
+        "0.95. ppo-ref runs `PPOTrainer.train()` itself with every runtime check and metric on (step-0 "
+        "log-prob check, reference fingerprint, non-finite guards, metrics.jsonl, rollouts.jsonl audit, "
+        "TensorBoard, progress bar); TRL runs its own `train()` with `num_sample_generations=0`, "
+        "`bf16=False`, `gradient_checkpointing=False`."
+    )
+    add("")
+    r = run["trainer"]
+    add(
+        f"{len(r['rounds'])} rounds, each {r['block']} iterations of one trainer, the bare compute once, "
+        f"then {r['block']} iterations of the other trainer (which goes first alternates), after "
+        f"{len(r['warmup_seconds']['ppo_ref'])} warm-up iterations each."
+    )
+    add("")
+    add("| | ppo-ref | TRL 1.12 |")
+    add("|---|---|---|")
+    add(
+        f"| seconds per iteration, median (IQR) of {len(t['ours'])} | {statistics.median(t['ours']):.3f} "
+        f"({_q(t['ours'], 0.25):.3f}-{_q(t['ours'], 0.75):.3f}) | {statistics.median(t['trl']):.3f} "
+        f"({_q(t['trl'], 0.25):.3f}-{_q(t['trl'], 0.75):.3f}) |"
+    )
+    add(f"| fastest iteration | {min(t['ours']):.3f} | {min(t['trl']):.3f} |")
+    add(
+        f"| response tokens per second (median) | {tokens / statistics.median(t['ours']):.0f} | "
+        f"{tokens / statistics.median(t['trl']):.0f} |"
+    )
+    add(f"| peak RSS of the process | {_mib(t['peak_ours'])} | {_mib(t['peak_trl'])} |")
+    add("")
+    add(
+        "Per-round ratios (TRL seconds / ppo-ref seconds): "
+        + ", ".join(f"{x:.2f}" for x in t["ratios"])
+        + f". Median {t['ratio']:.2f}x; ratio of the overall medians {t['ratio_of_medians']:.2f}x; "
+        f"ratio of the fastest iterations {t['ratio_of_minima']:.2f}x."
+    )
+    add("")
+    add("### Overhead over the bare compute")
+    add("")
+    b = t["bare"]
+    add(
+        "Bare compute, timed in ppo-ref's process between its blocks of iterations, with copies of the "
+        f"same models and the same sampler, once per round (medians): generation {b['generate']:.3f} s, the "
+        f"four no-grad forwards {b['forwards']:.3f} s, the 16 minibatch forward/backward/AdamW steps "
+        f"{b['update']:.3f} s; sum {b['bare']:.3f} s. ppo-ref's iteration over it, per round: "
+        + ", ".join(f"{x:.2f}" for x in t["overheads"])
+        + f"; median **{t['overhead']:.2f}x** (fastest iteration over fastest bare sum: "
+        f"{t['ratio_of_minima_overhead']:.2f}x). TRL's iteration over the same bare compute: "
+        f"{t['trl_over_bare']:.2f}x (median per round), which bounds the trainer ratio any loop doing this "
+        "model work could reach in this run."
+    )
+    add("")
+    stages = t["stages"]
+    if stages:
+        add(
+            "ppo-ref's own per-stage seconds (metrics.jsonl, median over the timed iterations) beside the "
+            "bare work:"
+        )
+        add("")
+        add("| stage | ppo-ref | bare |")
+        add("|---|---|---|")
+        pairs = [
+            ("seconds_generate", "generate"),
+            ("seconds_forward", "forwards"),
+            ("seconds_update", "update"),
+        ]
+        shown = set()
+        for stage, part in pairs:
+            if stage in stages:
+                add(f"| {stage} | {stages[stage]:.3f} | {b[part]:.3f} |")
+                shown.add(stage)
+        for stage, value in stages.items():
+            # seconds_iteration is left out: the trainer's own clock also counts the stepper's pause.
+            if stage not in shown and stage != "seconds_iteration":
+                add(f"| {stage} | {value:.3f} | |")
+        add("")
+    profile = run["trainer"].get("profile")
+    if profile:
+        add(
+            f"### Profile of ppo-ref's iteration (cProfile, {profile['iterations']} iterations, self "
+            "seconds per iteration)"
+        )
+        add("")
+        add("cProfile slows Python-heavy code; read the shares, not the totals.")
+        add("")
+        add("| where | self s / iteration |")
+        add("|---|---|")
+        for area, seconds in profile["self_seconds_per_iteration_by_area"].items():
+            add(f"| {area} | {seconds:.3f} |")
+        add("")
+        add("| function | self s | cumulative s | calls / iteration |")
+        add("|---|---|---|---|")
+        for row in profile["top_self_seconds_per_iteration"][:15]:
+            add(f"| `{row['function']}` | {row['self_s']:.4f} | {row['cumulative_s']:.4f} | {row['calls']} |")
+        add("")
+
+
+def _primitives_section(lines: list[str], run: dict[str, Any], results_dir: Path) -> None:
+    add = lines.append
+    table = primitive_table(results_dir, run["primitives"])
+    impls = list(run["primitives"])
+    add("## Primitives (pytest-benchmark, each library in its own environment, back to back)")
+    add("")
+    add(
+        "Median milliseconds per call (warm-up call excluded), through each library's adapter "
+        "(`bench/test_primitives.py`; `policy_loss` includes the backward pass). `mine` is ppo-ref's "
+        "public, validating function. Every implementation ran once through all shapes, then the large "
+        "shapes (B256 T2048, V150k) ran again in the reverse order; each cell is the better median of the "
+        "two passes. Ratio: `mine` over the fastest third party (by median; by minimum in brackets)."
+    )
+    add("")
+    add("| op and shape | " + " | ".join(impls) + " | mine / fastest |")
+    add("|---|" + "---|" * (len(impls) + 1))
+    for group in sorted(table):
+        row = table[group]
+        cells = [f"{row[i]['median'] * 1e3:.2f}" if i in row else "-" for i in impls]
+        others = {k: v for k, v in row.items() if k != "mine"}
+        if "mine" in row and others:
+            fastest = min(others, key=lambda k: others[k]["median"])
+            fastest_min = min(v["min"] for v in others.values())
+            ratio = (
+                f"{row['mine']['median'] / others[fastest]['median']:.2f} vs {fastest} "
+                f"({row['mine']['min'] / fastest_min:.2f})"
+            )
+        else:
+            ratio = "no third-party equivalent"
+        add(f"| {group} | " + " | ".join(cells) + f" | {ratio} |")
+    failed = {k: v["summary"] for k, v in run["primitives"].items() if v["returncode"] != 0}
+    if failed:
+        add("")
+        add(
+            "Runs that failed: "
+            + "; ".join(f"{k}: {v}" for k, v in failed.items())
+            + " (logs in the run's temporary log directory, printed by run_bench)."
+        )
+    add("")
+
+
+def _memory_section(lines: list[str], run: dict[str, Any]) -> None:
+    add = lines.append
+    add("## token_logprobs peak memory (B = 4, L = 512)")
+    add("")
+    add(
+        "One fresh process per measurement (`bench/logprobs_memory.py`): the RSS high-water mark is reset "
+        "after the logits are allocated and the op has run once on a small input; extra = new high-water "
+        "mark minus the RSS before the call. Adapter-level work (slicing, temperature scaling) is included."
+    )
+    add("")
+    add("| impl | V | logits | extra peak | extra / logits |")
+    add("|---|---|---|---|---|")
+    for e in run["memory"]:
+        if "extra_over_logits" in e:
+            add(
+                f"| {e['impl']} | {e['vocab']} | {_mib(e['logits_bytes'])} | {_mib(e['extra_peak_bytes'])} "
+                f"| {e['extra_over_logits']:.3f} |"
+            )
+        else:
+            add(f"| {e['impl']} | {e['vocab']} | | | {e.get('skipped') or 'failed'} |")
+    add("")
+
+
+def _method(lines: list[str]) -> None:
+    add = lines.append
+    add("## How it is measured")
+    add("")
+    add(
+        "- Each trainer runs in its own long-lived process; `train()` runs in a background thread that "
+        "pauses at each iteration boundary (ppo-ref: entry of `collect_rollout`; TRL: a `TrainerCallback` "
+        "at `on_step_end`), so one timed step is exactly one iteration of the library's own loop, its "
+        "logging, checks and TRL's per-iteration `gc.collect()` calls included. The coordinator alternates "
+        "blocks of iterations between the two processes and reports the median of the per-round ratios, so "
+        "load from other jobs hits both alike."
+    )
+    add(
+        "- Bare compute: `bench/ppo_ref_side.py::BareCompute` on copies of the trainer's models: the "
+        "trainer's sampler (`ppo_ref.trainer.generation.generate`), the policy/reference/critic/reward "
+        "forwards, and 16 steps of policy+critic forward, a plain clipped loss, backward and fused AdamW; "
+        "nothing else."
+    )
+    add(
+        "- Primitives: `pytest bench/test_primitives.py --bench-impl=NAME` in each library's environment "
+        "(`.envs/NAME`), one after the other; the raw JSON is in `bench/results/`."
+    )
+    add(
+        "- Peak memory: `ru_maxrss` of each trainer process (the trainer's process runs nothing else); "
+        "token_logprobs: see its section."
+    )

@@ -1,0 +1,240 @@
+"""TRL 1.12's experimental ``PPOTrainer`` at the benchmark settings, timed one iteration at a time.
+
+Runs in TRL's own environment (``.envs/trl``, built by ``tools/thirdparty_envs.py trl``)::
+
+    .envs/trl/bin/python -m bench.trl_iteration            # prints the median of 16 iterations
+    .envs/trl/bin/python -m bench.trl_iteration --serve    # the worker tools/run_bench.py drives
+
+Same models, tokenizer and prompts as ppo-ref's side (:mod:`bench.tiny_ppo`). ``PPOConfig``:
+per_device_train_batch_size=64, gradient_accumulation_steps=1, num_mini_batches=4 (16 rows per
+optimizer step), local_rollout_forward_batch_size=64, response_length=32, stop_token=None,
+temperature=1, num_ppo_epochs=4, learning_rate=3e-4, weight_decay=0, kl_coef=0.05 (k1),
+cliprange=0.2, cliprange_value=0.2, vf_coef=0.1, gamma=1, lam=0.95, and three defaults
+overridden as in the research note: num_sample_generations=0, bf16=False,
+gradient_checkpointing=False. The optimizer is TrainingArguments' default ``adamw_torch_fused``.
+
+``train()`` runs in a background thread; a :class:`transformers.TrainerCallback` pauses it in
+``on_train_begin`` and at every ``on_step_end`` (the end of an iteration, after its metrics are
+logged), so one step is exactly one iteration of TRL's loop, its per-iteration ``gc.collect()``
+calls included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch
+
+from bench import tiny_ppo as s
+
+__all__ = ["TrlStepper", "make_trl_trainer"]
+
+
+class _Stop(Exception):
+    """Raised inside the training thread to end TRL's ``train()``."""
+
+
+def make_trl_trainer(out_dir: str, callbacks: list[Any]) -> Any:
+    from datasets import Dataset
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    models = s.build_models()
+    ids = s.prompt_ids().tolist()
+    config = PPOConfig(
+        output_dir=out_dir,
+        per_device_train_batch_size=s.BATCH,
+        per_device_eval_batch_size=s.BATCH,
+        gradient_accumulation_steps=1,
+        num_mini_batches=s.MINIBATCHES,
+        local_rollout_forward_batch_size=s.BATCH,
+        total_episodes=s.BATCH * 100_000,  # the stepper stops the run long before
+        num_ppo_epochs=s.EPOCHS,
+        response_length=s.RESPONSE_TOKENS,
+        stop_token=None,
+        temperature=1.0,
+        missing_eos_penalty=None,
+        learning_rate=s.LEARNING_RATE,
+        weight_decay=0.0,
+        kl_coef=s.KL_COEF,
+        kl_estimator="k1",
+        cliprange=s.CLIP,
+        cliprange_value=s.VALUE_CLIP,
+        vf_coef=s.VF_COEF,
+        gamma=s.GAMMA,
+        lam=s.LAM,
+        whiten_rewards=False,
+        num_sample_generations=0,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        seed=s.SEED,
+    )
+    return PPOTrainer(
+        args=config,
+        processing_class=s.build_tokenizer(),
+        model=models["policy"],
+        ref_model=models["reference"],
+        reward_model=models["reward"],
+        value_model=models["value"],
+        train_dataset=Dataset.from_dict({"input_ids": ids}),
+        eval_dataset=Dataset.from_dict({"input_ids": ids[: s.BATCH]}),
+        callbacks=callbacks,
+    )
+
+
+class TrlStepper:
+    """TRL's ``train()`` in a thread, paused at each iteration boundary; ``step()`` runs one."""
+
+    def __init__(self, out_dir: str) -> None:
+        from transformers import TrainerCallback
+
+        self.steps = 0
+        self._go = threading.Semaphore(0)
+        self._done = threading.Semaphore(0)
+        self._stopping = False
+        self._error: BaseException | None = None
+        stepper = self
+        threads = torch.get_num_threads()
+
+        class Pause(TrainerCallback):  # type: ignore[misc]
+            def _pause(self) -> None:
+                torch.set_num_threads(threads)  # OpenMP settings are per thread: apply them here too
+                stepper._done.release()
+                stepper._go.acquire()
+                if stepper._stopping:
+                    raise _Stop
+
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                self._pause()
+
+            def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                self._pause()
+
+        self.trainer = make_trl_trainer(out_dir, [Pause()])
+        self._thread = threading.Thread(target=self._train, name="trl-train", daemon=True)
+        self._thread.start()
+        self._done.acquire()
+        self._raise_if_failed()
+
+    def _train(self) -> None:
+        try:
+            self.trainer.train()
+        except _Stop:
+            pass
+        except BaseException as error:
+            self._error = error
+        finally:
+            self._done.release()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"TRL's train() failed: {self._error!r}") from self._error
+        if not self._thread.is_alive() and not self._stopping:
+            raise RuntimeError("TRL's train() returned early")
+
+    def step(self) -> float:
+        began = time.perf_counter()
+        self._go.release()
+        self._done.acquire()
+        seconds = time.perf_counter() - began
+        self._raise_if_failed()
+        self.steps += 1
+        return seconds
+
+    def global_step(self) -> int:
+        return int(self.trainer.state.global_step)
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._stopping = True
+            self._go.release()
+            self._thread.join(timeout=60)
+
+
+def versions() -> dict[str, str]:
+    import accelerate
+    import datasets
+    import transformers
+    import trl
+
+    return {
+        "trl": trl.__version__,
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "datasets": datasets.__version__,
+        "torch": torch.__version__,
+    }
+
+
+def reply(message: dict[str, Any]) -> None:
+    s.protocol_stream().write(json.dumps(message) + "\n")
+    s.protocol_stream().flush()
+
+
+def serve(stepper: TrlStepper) -> None:
+    """The worker protocol of ``bench/ppo_ref_side.py``: ``iterations``, ``info``, ``quit``."""
+    reply({"ready": True, "peak_rss_bytes": s.peak_rss_bytes()})
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["cmd"] == "iterations":
+            reply({"seconds": [stepper.step() for _ in range(int(command["n"]))]})
+        elif command["cmd"] == "info":
+            reply(
+                {
+                    "peak_rss_bytes": s.peak_rss_bytes(),
+                    "iterations_logged": stepper.global_step(),
+                    "versions": versions(),
+                    "threads": torch.get_num_threads(),
+                }
+            )
+        elif command["cmd"] == "quit":
+            break
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--serve", action="store_true", help="worker mode for tools/run_bench.py")
+    parser.add_argument("--warmup", type=int, default=3, help="iterations run before timing")
+    parser.add_argument("--iterations", type=int, default=16, help="timed iterations")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(s.THREADS)
+    if args.serve:
+        s.claim_stdout_for_protocol()
+    stepper = TrlStepper(tempfile.mkdtemp(prefix="trl-bench-"))
+    try:
+        if args.serve:
+            serve(stepper)
+            return 0
+        for _ in range(args.warmup):
+            stepper.step()
+        seconds = [stepper.step() for _ in range(args.iterations)]
+        median = statistics.median(seconds)
+        result = {
+            "median_seconds_per_iteration": median,
+            "min": min(seconds),
+            "max": max(seconds),
+            "iterations": len(seconds),
+            "tokens_per_second": s.BATCH * s.RESPONSE_TOKENS / median,
+            "peak_rss_bytes": s.peak_rss_bytes(),
+            "versions": versions(),
+        }
+        print(json.dumps(result))  # the last line of stdout
+    finally:
+        stepper.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,409 @@
+"""Run every benchmark of issue 6 back to back and write ``bench/RESULTS.md``.
+
+    python tools/run_bench.py            # the full run (about 12-15 minutes on 2 loaded cores)
+    python tools/run_bench.py --quick    # fewer rounds, for checking the pipeline (~5 minutes)
+
+In one run, in this order:
+
+1. ppo-ref's trainer against TRL 1.12's ``PPOTrainer`` at identical settings (``bench/tiny_ppo.py``),
+   each in its own long-lived process (``bench/ppo_ref_side.py --serve trainer``, and
+   ``bench/trl_iteration.py --serve`` under ``.envs/trl``), driven in alternating blocks of
+   iterations so that the machine's changing load hits both alike; the ratio is the median of the
+   per-round ratios. A third process (``--serve bare``) times the bare model work of an iteration
+   in the same rounds, for the overhead ratio; then a few iterations run under cProfile.
+2. the primitive benchmarks (``bench/test_primitives.py``) for ``mine`` (``.venv``) and for each
+   third-party library that has an adapter and a built environment (``.envs/NAME``), raw
+   pytest-benchmark JSON to ``bench/results/primitives-NAME.json``;
+3. ``token_logprobs`` peak extra memory per implementation, one fresh process per measurement;
+4. the conformance suite's wall time against ``mine``.
+
+Writes ``bench/results/*.json`` and ``bench/RESULTS.md`` (via :mod:`bench.results_report`);
+commits nothing. Every subprocess gets ``OMP_WAIT_POLICY=PASSIVE`` (``--omp-wait-policy``): on a
+machine whose cores are busy with other jobs, spinning OpenMP threads make two-thread torch ops
+wait for a descheduled thread (measured: a tiny GPT-2 forward 0.15-1.0 s instead of 0.03 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.results_report import write_report  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+LOGS = Path(tempfile.gettempdir()) / "ppo-ref-bench-logs"  # worker output: progress bars, warnings
+THIRD_PARTY = ("trl", "verl", "openrlhf", "torchrl", "sb3", "skyrl")
+VOCABS = (32_000, 150_000)
+PYTEST_BENCHMARK = "pytest-benchmark==5.3.1"
+
+
+def log(message: str) -> None:
+    stamp = dt.datetime.now().strftime("%H:%M:%S")
+    print(f"[run_bench {stamp}] {message}", file=sys.stderr, flush=True)
+
+
+def main_python() -> Path:
+    venv = ROOT / ".venv" / "bin" / "python"
+    return venv if venv.exists() else Path(sys.executable)
+
+
+def child_env(omp_wait_policy: str, threads: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(ROOT), TRL_EXPERIMENTAL_SILENCE="1", PYTHONNOUSERSITE="1")
+    env["PPO_REF_BENCH_THREADS"] = str(threads)
+    if omp_wait_policy:
+        env["OMP_WAIT_POLICY"] = omp_wait_policy
+    return env
+
+
+@contextlib.contextmanager
+def envs_lock() -> Iterator[None]:
+    """Hold ``.envs/.lock`` shared, so ``tools/thirdparty_envs.py`` does not rebuild an env meanwhile."""
+    path = ROOT / ".envs" / ".lock"
+    if not path.parent.exists():
+        yield
+        return
+    with path.open("a") as handle:
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{path} stayed locked by an env build for 10 minutes") from None
+                log("waiting for an environment build to finish (.envs/.lock)")
+                time.sleep(5)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def third_party_envs() -> dict[str, Path]:
+    """NAME -> interpreter for each library with an adapter module and a completely built env."""
+    found = {}
+    for name in THIRD_PARTY:
+        python = ROOT / ".envs" / name / "bin" / "python"
+        adapter = ROOT / "ppo_ref" / "adapters" / "thirdparty" / f"{name}.py"
+        state = ROOT / ".envs" / name / "ppo-ref-env.json"
+        if python.exists() and adapter.exists() and state.exists():
+            found[name] = python
+        else:
+            missing = [str(p.relative_to(ROOT)) for p in (python, adapter, state) if not p.exists()]
+            log(f"skipping {name}: missing {', '.join(missing)}")
+    return found
+
+
+def ensure_pytest_benchmark(name: str, python: Path, env: dict[str, str]) -> bool:
+    probe = subprocess.run([str(python), "-c", "import pytest_benchmark"], env=env, capture_output=True)
+    if probe.returncode == 0:
+        return True
+    log(f"installing {PYTEST_BENCHMARK} into .envs/{name} (torch pinned by .envs/constraints.txt)")
+    command = [str(python), "-m", "pip", "install", "-q", PYTEST_BENCHMARK]
+    constraints = ROOT / ".envs" / "constraints.txt"
+    if constraints.exists():
+        command += ["-c", str(constraints)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        log(f"could not install pytest-benchmark into .envs/{name}: {done.stderr[-500:]}")
+    return done.returncode == 0
+
+
+class Worker:
+    """A long-lived benchmark process speaking one JSON line per command and per reply."""
+
+    def __init__(self, label: str, command: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.label = label
+        self._log: IO[str] = log_path.open("w")
+        self.process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            text=True,
+            bufsize=1,
+        )
+        self.log_path = log_path
+
+    def read(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            tail = self.log_path.read_text()[-3000:]
+            raise RuntimeError(f"worker {self.label} exited ({self.process.poll()}); its log ends:\n{tail}")
+        reply: dict[str, Any] = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"worker {self.label}: {reply['error']}")
+        return reply
+
+    def ask(self, **command: Any) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(command) + "\n")
+        self.process.stdin.flush()
+        return self.read()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(BrokenPipeError, OSError):
+                assert self.process.stdin is not None
+                self.process.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
+                self.process.stdin.flush()
+            try:
+                self.process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._log.close()
+
+
+def run_trainer_comparison(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
+    trl_python = ROOT / ".envs" / "trl" / "bin" / "python"
+    if not trl_python.exists():
+        raise SystemExit("TRL 1.12's environment is missing: python tools/thirdparty_envs.py trl")
+    logs = LOGS
+    logs.mkdir(parents=True, exist_ok=True)
+    log(f"worker logs in {logs}")
+    python = str(main_python())
+    started = time.perf_counter()
+    workers = {
+        "ppo_ref": Worker(
+            "ppo_ref", [python, "-m", "bench.ppo_ref_side", "--serve"], env, logs / "ppo_ref.log"
+        ),
+        "trl": Worker(
+            "trl", [str(trl_python), "-m", "bench.trl_iteration", "--serve"], env, logs / "trl.log"
+        ),
+    }
+    try:
+        ready = {name: w.read() for name, w in workers.items()}
+        log(f"workers ready after {time.perf_counter() - started:.0f} s")
+        warmup = {name: workers[name].ask(cmd="iterations", n=args.warmup)["seconds"] for name in workers}
+        # The trainer's own peak memory, before the bare-compute measurements share its process.
+        peak_trainer_only = workers["ppo_ref"].ask(cmd="info")["peak_rss_bytes"]
+        warmup["bare"] = [workers["ppo_ref"].ask(cmd="bare", repeats=1)["bare"]]
+        rounds = []
+        for index in range(args.rounds):
+            order = ["ppo_ref", "bare", "trl"] if index % 2 == 0 else ["trl", "bare", "ppo_ref"]
+            record: dict[str, Any] = {"order": order, "loadavg_1min": os.getloadavg()[0]}
+            for name in order:
+                if name == "bare":
+                    record["bare"] = workers["ppo_ref"].ask(cmd="bare", repeats=1)
+                else:
+                    record[name] = workers[name].ask(cmd="iterations", n=args.block)["seconds"]
+            ours, theirs = statistics.median(record["ppo_ref"]), statistics.median(record["trl"])
+            record["ratio_trl_over_ppo_ref"] = theirs / ours
+            record["overhead"] = ours / record["bare"]["bare"]
+            record["trl_over_bare"] = theirs / record["bare"]["bare"]
+            rounds.append(record)
+            log(
+                f"round {index + 1}/{args.rounds}: ppo-ref {ours:.3f} s, TRL {theirs:.3f} s, bare "
+                f"{record['bare']['bare']:.3f} s: ratio {record['ratio_trl_over_ppo_ref']:.2f}x, overhead "
+                f"{record['overhead']:.2f}x, load {record['loadavg_1min']:.1f}"
+            )
+        infos = {name: w.ask(cmd="info", skip=args.warmup) for name, w in workers.items()}
+        profile = workers["ppo_ref"].ask(cmd="profile", n=args.profile_iterations)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return {
+        "ready": ready,
+        "warmup_seconds": warmup,
+        "rounds": rounds,
+        "block": args.block,
+        "profile": profile,
+        "info": infos,
+        "peak_rss_trainer_only": peak_trainer_only,
+        "wall_seconds": time.perf_counter() - started,
+    }
+
+
+LARGE_SHAPES = "B256-T2048 or V150k"
+
+
+def run_primitives(impls: dict[str, Path], env: dict[str, str], max_time: float) -> dict[str, Any]:
+    """Pass 1: every primitive, implementation after implementation. Pass 2: the large shapes
+    again in the reverse order, so a burst of load during one implementation's turn can be
+    told apart (the report takes each implementation's better median of the two passes)."""
+    out: dict[str, Any] = {}
+    passes = [(list(impls), "", ""), (list(reversed(impls)), LARGE_SHAPES, "-pass2")]
+    for order, selection, suffix in passes:
+        for name in order:
+            json_path = RESULTS / f"primitives-{name}{suffix}.json"
+            command = [
+                str(impls[name]),
+                "-m",
+                "pytest",
+                "bench/test_primitives.py",
+                f"--bench-impl={name}",
+                f"--benchmark-json={json_path}",
+                f"--benchmark-max-time={max_time}",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+            ]
+            if selection:
+                command += ["-k", selection]
+            started = time.perf_counter()
+            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+            summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
+            log(f"primitives {name}{suffix}: {summary} ({time.perf_counter() - started:.0f} s)")
+            entry = out.setdefault(name, {"returncode": 0, "summary": summary, "json": []})
+            entry["json"].append(json_path.name)
+            if done.returncode != 0:
+                entry["returncode"], entry["summary"] = done.returncode, summary
+                LOGS.mkdir(parents=True, exist_ok=True)
+                (LOGS / f"primitives-{name}{suffix}.log").write_text(done.stdout + done.stderr)
+    return out
+
+
+def run_memory(impls: dict[str, Path], env: dict[str, str]) -> list[dict[str, Any]]:
+    results = []
+    for name, python in impls.items():
+        for vocab in VOCABS:
+            command = [str(python), "-m", "bench.logprobs_memory", "--impl", name, "--vocab", str(vocab)]
+            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+            lines = [line for line in done.stdout.splitlines() if line.startswith('{"')]
+            if done.returncode != 0 or not lines:
+                results.append({"impl": name, "vocab": vocab, "error": done.stderr[-500:]})
+                log(f"memory {name} V={vocab}: failed")
+                continue
+            results.append(json.loads(lines[-1]))
+            ratio = results[-1].get("extra_over_logits")
+            log(f"memory {name} V={vocab}: extra/logits = {ratio if ratio is None else round(ratio, 3)}")
+    return results
+
+
+def run_conformance(env: dict[str, str]) -> dict[str, Any]:
+    command = [
+        str(main_python()),
+        "-m",
+        "pytest",
+        "conformance/",
+        "--impl=mine",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+    ]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    seconds = time.perf_counter() - started
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
+    log(f"conformance suite against mine: {summary} ({seconds:.1f} s)")
+    return {
+        "command": " ".join(command[1:]),
+        "wall_seconds": seconds,
+        "returncode": done.returncode,
+        "summary": summary,
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    memory_gib = None
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                memory_gib = round(int(line.split()[1]) / 2**20, 1)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory_gib": memory_gib,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "git_commit": commit.stdout.strip() or None,
+        "git_worktree_dirty": bool(dirty.stdout.strip()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer rounds and primitive time (pipeline check)"
+    )
+    parser.add_argument("--rounds", type=int, help="trainer rounds (default 12; --quick 4)")
+    parser.add_argument("--block", type=int, default=2, help="iterations per side per round")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed iterations per trainer first")
+    parser.add_argument("--profile-iterations", type=int, default=3, help="ppo-ref iterations under cProfile")
+    parser.add_argument("--primitive-max-time", type=float, help="pytest-benchmark max time per test")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads per process (the settings: 2)")
+    parser.add_argument(
+        "--skip", nargs="*", default=[], choices=["trainer", "primitives", "memory", "conformance"]
+    )
+    parser.add_argument(
+        "--omp-wait-policy",
+        default="PASSIVE",
+        help="OMP_WAIT_POLICY for every subprocess ('' keeps the environment's)",
+    )
+    args = parser.parse_args(argv)
+    args.rounds = args.rounds or (4 if args.quick else 12)
+    max_time = args.primitive_max_time or (0.2 if args.quick else 0.5)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    env = child_env(args.omp_wait_policy, args.threads)
+    started = time.perf_counter()
+    run: dict[str, Any] = {
+        "command": "python tools/run_bench.py"
+        + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip(),
+        "date_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine_info(),
+        "loadavg_start": os.getloadavg(),
+        "omp_wait_policy": args.omp_wait_policy,
+        "threads": args.threads,
+        "settings": {
+            "rounds": args.rounds,
+            "block": args.block,
+            "warmup": args.warmup,
+            "primitive_max_time": max_time,
+        },
+    }
+    with envs_lock():
+        envs = third_party_envs()
+        impls = {"mine": main_python()}
+        for name, python in envs.items():
+            if ensure_pytest_benchmark(name, python, env):
+                impls[name] = python
+        if "trainer" not in args.skip:
+            log(f"trainer vs TRL: {args.rounds} rounds of {args.block} iterations each")
+            run["trainer"] = run_trainer_comparison(args, env)
+            run["loadavg_after_trainer"] = os.getloadavg()
+        if "primitives" not in args.skip:
+            run["primitives"] = run_primitives(impls, env, max_time)
+            run["loadavg_after_primitives"] = os.getloadavg()
+        if "memory" not in args.skip:
+            memory_impls = {n: p for n, p in impls.items() if n in ("mine", "trl", "verl", "openrlhf")}
+            run["memory"] = run_memory(memory_impls, env)
+    if "conformance" not in args.skip:
+        run["conformance"] = run_conformance(env)
+    run["loadavg_end"] = os.getloadavg()
+    run["wall_seconds"] = time.perf_counter() - started
+    (RESULTS / "run.json").write_text(json.dumps(run, indent=1) + "\n")
+    path = write_report(run, RESULTS, ROOT / "bench" / "RESULTS.md")
+    log(f"wrote {path.relative_to(ROOT)} and bench/results/ in {run['wall_seconds'] / 60:.1f} min")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -336,8 +336,9 @@ def _primitives_section(lines: list[str], run: dict[str, Any], results_dir: Path
         "Median milliseconds per call (warm-up call excluded), through each library's adapter "
         "(`bench/test_primitives.py`; `policy_loss` includes the backward pass). `mine` is ppo-ref's "
         "public, validating function. Every implementation ran once through all shapes, then the large "
-        "shapes (B256 T2048, V150k) ran again in the reverse order; each cell is the better median of the "
-        "two passes. Ratio: `mine` over the fastest third party (by median; by minimum in brackets)."
+        "shapes (B256 T2048, V150k) twice more, in the reverse order and then in the first order; each "
+        "cell is the best median over the passes (the machine's load changes within seconds). Ratio: "
+        "`mine` over the fastest third party (by median; by minimum in brackets)."
     )
     add("")
     add("| op and shape | " + " | ".join(impls) + " | mine / fastest |")

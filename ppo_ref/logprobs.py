@@ -1,8 +1,10 @@
 """Per-token log-probabilities and entropies from language-model logits (spec LOGP-*, ENT-1).
 
-Both work through the (B, L, V) logits in row chunks, each upcast to float32 (or float64) on its
-own, so half-precision logits are handled at full precision without a float32 copy of the whole
-tensor: the peak extra memory is one chunk of ``CHUNK_ELEMENTS`` floats, not B * L * V.
+Both work through the (B, L, V) logits in blocks, each upcast to float32 (or float64) on its own,
+so half-precision logits are handled at full precision without a float32 copy of the whole
+tensor: the peak extra memory is about one block of ``CHUNK_ELEMENTS`` floats, not B * L * V.
+``token_logprobs`` slices its blocks out of the logits as views (no copy of the logits, whatever
+their strides); small blocks stay in the allocator's cache instead of being faulted in afresh.
 """
 
 from __future__ import annotations
@@ -14,13 +16,39 @@ from ppo_ref._validate import check_float, check_real, compute_dtype
 
 __all__ = ["CHUNK_ELEMENTS", "entropy", "token_logprobs"]
 
-CHUNK_ELEMENTS = 1 << 22
-"""Upper bound on logits elements upcast at once (4M floats = 16 MiB in float32)."""
+CHUNK_ELEMENTS = 1 << 20
+"""Upper bound on the logits elements of one ``token_logprobs`` block (1M floats = 4 MiB in float32)."""
+
+_ENTROPY_CHUNK_ELEMENTS = 1 << 22
+"""Rows of ``entropy`` are processed in chunks of at most this many logits (16 MiB in float32)."""
 
 
 def _row_chunks(rows: int, vocab: int) -> list[slice]:
-    step = max(1, CHUNK_ELEMENTS // max(vocab, 1))
+    step = max(1, _ENTROPY_CHUNK_ELEMENTS // max(vocab, 1))
     return [slice(start, min(start + step, rows)) for start in range(0, rows, step)]
+
+
+def _even_slices(total: int, parts: int) -> list[slice]:
+    bounds = [total * i // parts for i in range(parts + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def _blocks(batch: int, steps: int, vocab: int) -> list[list[tuple[slice, slice]]]:
+    """(rows, positions) blocks of a (batch, steps, vocab) tensor, grouped by batch rows.
+
+    Whole batch rows go together while a block stays near ``CHUNK_ELEMENTS``; a longer row is cut
+    into near-equal runs of positions. A block holds at least two positions whenever the tensor
+    allows it and V <= 2M: torch may split the reduction of a lone row across threads, which
+    rounds differently, so this keeps the results bit-identical to one-row-chunk-free layouts.
+    """
+    positions = max(1, CHUNK_ELEMENTS // max(vocab, 1))
+    if vocab <= _ENTROPY_CHUNK_ELEMENTS // 2:
+        positions = max(2, positions)
+    if positions >= steps:
+        groups = max(1, batch // max(1, positions // max(steps, 1)))
+        return [[(rows, slice(0, steps))] for rows in _even_slices(batch, groups)]
+    runs = _even_slices(steps, max(1, steps // positions))
+    return [[(slice(row, row + 1), run) for run in runs] for row in range(batch)]
 
 
 def _check_logsumexp(lse: Tensor, name: str) -> None:
@@ -88,19 +116,22 @@ def _token_logprobs(logits: Tensor, input_ids: Tensor, temperature: float) -> Te
     """token_logprobs without validation, except the logsumexp check that costs nothing."""
     dtype = compute_dtype(logits)
     batch, length, vocab = logits.shape
-    flat_logits = logits[:, :-1].reshape(-1, vocab)
-    flat_targets = input_ids[:, 1:].reshape(-1, 1).long()
-    pieces = []
-    for rows in _row_chunks(flat_logits.shape[0], vocab):
-        chunk = flat_logits[rows].to(dtype)
-        if temperature != 1.0:
-            chunk = chunk / temperature
-        lse = torch.logsumexp(chunk, dim=-1)
-        _check_logsumexp(lse, "logits")
-        pieces.append(chunk.gather(-1, flat_targets[rows]).squeeze(-1) - lse)
-    if not pieces:  # L == 1: nothing to score; an empty result that is still part of the graph
-        return logits[:, :0, 0].to(dtype)
-    return torch.cat(pieces).view(batch, length - 1)
+    steps = length - 1
+    if steps == 0 or batch == 0:  # nothing to score; an empty result that is still part of the graph
+        return logits[:, :steps, 0].to(dtype)
+    targets = input_ids[:, 1:].long().unsqueeze(-1)
+    rows = []
+    for group in _blocks(batch, steps, vocab):
+        pieces = []
+        for row_slice, step_slice in group:
+            block = logits[row_slice, step_slice].to(dtype)  # a view unless upcast
+            if temperature != 1.0:
+                block = block / temperature
+            lse = torch.logsumexp(block, dim=-1)
+            _check_logsumexp(lse.reshape(-1), "logits")
+            pieces.append(block.gather(-1, targets[row_slice, step_slice]).squeeze(-1) - lse)
+        rows.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=1))
+    return rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
 
 
 def entropy(logits: Tensor) -> Tensor:

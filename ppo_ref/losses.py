@@ -47,24 +47,55 @@ class PolicyLossResult:
     ratio_max: Tensor
 
 
-def _check_pair(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Validate (logp, old_logp, mask); return bool mask, sanitized log-ratio, count, zero."""
+def _zeroed(x: Tensor, keep: Tensor, name: str) -> Tensor:
+    """``x`` with its masked-out entries set to 0, after checking that its masked-in ones are finite.
+
+    Zeroing comes before any arithmetic, so a NaN in a masked-out slot cannot reach a gradient. A
+    finite sum of the zeroed tensor proves every masked-in entry finite; only a non-finite sum
+    (which huge finite entries can also give) needs the entry-by-entry check.
+    """
+    zeroed = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    if not bool(torch.isfinite(zeroed.detach().sum())):
+        check_finite_where(x, keep, name)
+    return zeroed
+
+
+def _check_pair(
+    logp: Tensor, old_logp: Tensor, mask: Tensor, check_finite: bool = True
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Validate (logp, old_logp, mask); return bool mask, sanitized log-ratio, count, zero.
+
+    With ``check_finite=False`` the caller must call :func:`_check_finite_pair` with a sum over the
+    log-ratios that is inf or NaN wherever a log-ratio is.
+    """
     keep = check_mask(mask)
     check_float(logp, "logp", shape=keep.shape)
     check_float(old_logp, "old_logp", shape=keep.shape)
-    check_finite_where(logp, keep, "logp")
-    check_finite_where(old_logp, keep, "old_logp")
+    kept_logp = torch.where(keep, logp, torch.zeros((), dtype=logp.dtype, device=logp.device))
+    kept_old_logp = torch.where(keep, old_logp, torch.zeros((), dtype=old_logp.dtype, device=old_logp.device))
     dtype = compute_dtype(logp, old_logp)
     zero = torch.zeros((), dtype=dtype, device=keep.device)
-    # Sanitize before any arithmetic so a NaN in a masked-out slot cannot reach a gradient.
-    log_ratio = torch.where(keep, logp.to(dtype), zero) - torch.where(keep, old_logp.to(dtype), zero)
-    return keep, log_ratio, keep.sum(), zero
+    log_ratio = kept_logp.to(dtype) - kept_old_logp.to(dtype)
+    if check_finite:
+        _check_finite_pair(log_ratio.detach().sum(), logp, old_logp, keep)
+    return keep, log_ratio, torch.count_nonzero(keep), zero
+
+
+def _check_finite_pair(evidence: Tensor, logp: Tensor, old_logp: Tensor, keep: Tensor) -> None:
+    """Raise for the first inf or NaN of ``logp``, then ``old_logp``, on the mask.
+
+    ``evidence`` is a sum over the masked-in log-ratios (or a function of each that stays inf or
+    NaN): an inf or NaN in either input makes its log-ratio inf or NaN, so a finite ``evidence``
+    proves both finite and only a non-finite one needs the entry-by-entry checks.
+    """
+    if not bool(torch.isfinite(evidence)):
+        check_finite_where(logp, keep, "logp")
+        check_finite_where(old_logp, keep, "old_logp")
 
 
 def _checked_advantages(advantages: Tensor, keep: Tensor, dtype: torch.dtype) -> Tensor:
     check_float(advantages, "advantages", shape=keep.shape)
-    check_finite_where(advantages, keep, "advantages")
-    return torch.where(keep, advantages.to(dtype), torch.zeros((), dtype=dtype, device=keep.device))
+    return _zeroed(advantages, keep, "advantages").to(dtype)
 
 
 def aggregate_loss(per_token: Tensor, mask: Tensor, loss_agg: str = "token-mean") -> Tensor:
@@ -151,28 +182,45 @@ def policy_loss(
         >>> r.loss  # -(2.4 + 2.4 + 1.2 - 1.6 - 2.8)
         tensor(-1.6000)
     """
-    keep, log_ratio, count, zero = _check_pair(logp, old_logp, mask)
+    keep, log_ratio, count, zero = _check_pair(logp, old_logp, mask, check_finite=False)
+    with torch.no_grad():
+        # k3 terms: an inf or NaN log-ratio gives an inf or NaN term, so their sum checks the inputs.
+        kl_terms = torch.expm1(log_ratio).sub_(log_ratio)
+        kl_sum = kl_terms.sum()
+    _check_finite_pair(kl_sum, logp, old_logp, keep)
     eps = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
     if loss_agg not in LOSS_AGGREGATIONS:
         raise ValueError(f"loss_agg: expected one of {LOSS_AGGREGATIONS}, got {loss_agg!r}")
-    adv = _checked_advantages(advantages, keep, log_ratio.dtype)
+    check_float(advantages, "advantages", shape=keep.shape)
+    adv = torch.where(keep, advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device))
+    adv = adv.to(log_ratio.dtype)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
     clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv
     objective = torch.minimum(unclipped, clipped)
-    loss = -_aggregate(objective, keep, loss_agg)
+    # Off the mask log_ratio = 0 and adv = 0 (both zeroed), so ratio = 1 and unclipped = clipped =
+    # objective = +0 there: the token-mean sum and the statistics below need no mask where that
+    # holds (the same numbers as masking them, with fewer passes over the batch).
+    objective_sum = objective.sum()
+    # An inf or NaN advantage on the mask makes its objective inf or NaN (ratio >= 0 and the clipped
+    # ratio > 0), so a finite sum proves the advantages finite; otherwise check them one by one.
+    if not bool(torch.isfinite(objective_sum.detach())):
+        check_finite_where(advantages, keep, "advantages")
+    if loss_agg == "token-mean":
+        loss = -(objective_sum / count.clamp(min=1))
+    else:
+        loss = -_aggregate(objective, keep, loss_agg)
     with torch.no_grad():
         tokens = count.clamp(min=1)
-        on_flat_branch = keep & (clipped < unclipped)
-        outside = keep & ((ratio - 1.0).abs() > eps)
-        kl_terms = torch.expm1(log_ratio) - log_ratio
+        kept_ratio = torch.where(keep, ratio, zero)  # ratio is 1 off the mask: mask it for sum and max
+        distance = (ratio - 1.0).abs_()  # in place on a temporary: the same values, one allocation less
         return PolicyLossResult(
             loss=loss,
-            clipfrac=on_flat_branch.sum().to(ratio.dtype) / tokens,
-            ratio_outside_frac=outside.sum().to(ratio.dtype) / tokens,
-            approx_kl=masked_sum(kl_terms, keep) / tokens,
-            ratio_mean=masked_sum(ratio, keep) / tokens,
-            ratio_max=torch.where(keep, ratio, zero).amax() if ratio.numel() else zero,
+            clipfrac=torch.count_nonzero(clipped < unclipped).to(ratio.dtype) / tokens,
+            ratio_outside_frac=torch.count_nonzero(distance > eps).to(ratio.dtype) / tokens,
+            approx_kl=kl_sum / tokens,
+            ratio_mean=kept_ratio.sum() / tokens,
+            ratio_max=kept_ratio.amax() if ratio.numel() else zero,
         )
 
 
@@ -201,18 +249,18 @@ def value_loss(
     """
     keep = check_mask(mask)
     named = {"values": values, "old_values": old_values, "returns": returns}
+    zeroed = []
     for name, tensor in named.items():
         check_float(tensor, name, shape=keep.shape)
-        check_finite_where(tensor, keep, name)
+        zeroed.append(_zeroed(tensor, keep, name))
     dtype = compute_dtype(*named.values())
-    zero = torch.zeros((), dtype=dtype, device=keep.device)
-    v, v_old, target = (torch.where(keep, t.to(dtype), zero) for t in named.values())
+    v, v_old, target = (t.to(dtype) for t in zeroed)
     squared = (v - target) ** 2
     if clip_eps is not None:
         c = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
         v_clipped = v_old + torch.clamp(v - v_old, -c, c)
         squared = torch.maximum(squared, (v_clipped - target) ** 2)
-    return 0.5 * masked_sum(squared, keep) / keep.sum().clamp(min=1)
+    return 0.5 * masked_sum(squared, keep) / torch.count_nonzero(keep).clamp(min=1)
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,17 @@ WHITEN_EPS = 1e-8
 """Added to the variance before the square root in :func:`masked_whiten`."""
 
 
-def _checked(x: Tensor, mask: Tensor, x_name: str = "x") -> tuple[Tensor, Tensor]:
+def _checked(x: Tensor, mask: Tensor, x_name: str = "x") -> tuple[Tensor, Tensor, Tensor]:
+    """Validate; return ``x`` with its masked-out entries zeroed, the bool mask, and the zeroed sum."""
     keep = check_mask(mask, ndim=None)
     check_float(x, x_name, shape=keep.shape)
-    check_finite_where(x, keep, x_name)
     # Zero the masked-out entries before any arithmetic: a product such as (x - mean) * scale would
     # otherwise send 0 * inf = NaN into the gradient of every masked-in entry.
-    return torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)), keep
+    zeroed = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    total = zeroed.sum()
+    if not bool(torch.isfinite(total.detach())):  # a finite sum proves every masked-in entry finite
+        check_finite_where(x, keep, x_name)
+    return zeroed, keep, total
 
 
 def masked_sum(x: Tensor, keep: Tensor, dim: int | None = None) -> Tensor:
@@ -58,24 +62,27 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
         >>> masked_mean(torch.tensor([[1.0, 2.0, float("nan")]]), torch.tensor([[1, 1, 0]]))
         tensor(1.5000)
     """
-    x, keep = _checked(x, mask)
+    x, keep, full_sum = _checked(x, mask)
     if dim is not None and (
         isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < max(x.dim(), 1)
     ):
         raise ValueError(f"dim: expected an int in [{-x.dim()}, {x.dim() - 1}], got {dim}")
-    total = masked_sum(x, keep, dim)
-    count = keep.sum() if dim is None else keep.sum(dim)
+    total = full_sum if dim is None else masked_sum(x, keep, dim)
+    count = torch.count_nonzero(keep) if dim is None else torch.count_nonzero(keep, dim)
     return total / count.clamp(min=1).to(total.dtype)
 
 
-def _mean_and_var(x: Tensor, keep: Tensor, unbiased: bool) -> tuple[Tensor, Tensor]:
-    count = int(keep.sum())
+def _mean_and_var(
+    x: Tensor, keep: Tensor, unbiased: bool, kept_sum: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Masked mean and variance, and ``x - mean`` on the mask (0 off it); ``kept_sum`` if known."""
+    count = int(torch.count_nonzero(keep))
     if count < 2:
         raise ValueError(f"mask: expected at least 2 masked-in entries for a variance, got {count}")
-    mean = masked_sum(x, keep) / count
+    mean = (masked_sum(x, keep) if kept_sum is None else kept_sum) / count
     centered = torch.where(keep, x - mean, torch.zeros((), dtype=x.dtype, device=x.device))
     var = (centered * centered).sum() / (count - 1 if unbiased else count)
-    return mean, var
+    return mean, var, centered
 
 
 def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
@@ -92,8 +99,8 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
         >>> masked_var(torch.tensor([1.0, 2.0, 3.0, 100.0]), torch.tensor([1, 1, 1, 0]))
         tensor(1.)
     """
-    x, keep = _checked(x, mask)
-    return _mean_and_var(x, keep, check_bool(unbiased, "unbiased"))[1]
+    x, keep, total = _checked(x, mask)
+    return _mean_and_var(x, keep, check_bool(unbiased, "unbiased"), total)[1]
 
 
 def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
@@ -112,10 +119,10 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
         >>> masked_whiten(torch.tensor([1.0, 2.0, 3.0, 9.0]), torch.tensor([1, 1, 1, 0]))
         tensor([-1.,  0.,  1.,  0.])
     """
-    x, keep = _checked(x, mask)
+    x, keep, total = _checked(x, mask)
     shift_mean = check_bool(shift_mean, "shift_mean")
-    mean, var = _mean_and_var(x, keep, unbiased=True)
-    whitened = (x - mean) * torch.rsqrt(var + WHITEN_EPS)
-    if not shift_mean:
-        whitened = whitened + mean
-    return torch.where(keep, whitened, torch.zeros((), dtype=x.dtype, device=x.device))
+    mean, var, centered = _mean_and_var(x, keep, True, total)
+    scale = torch.rsqrt(var + WHITEN_EPS)
+    if shift_mean:
+        return centered * scale  # already 0 off the mask (0 * scale)
+    return torch.where(keep, centered * scale + mean, torch.zeros((), dtype=x.dtype, device=x.device))

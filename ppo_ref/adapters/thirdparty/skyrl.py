@@ -27,19 +27,17 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import inspect
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from ppo_ref.adapters.base import OP_NAMES
 from ppo_ref.adapters.registry import AdapterLoadError
+from ppo_ref.adapters.thirdparty._common import float_mask as _float_mask
+from ppo_ref.adapters.thirdparty._common import library_location as _where
 
 __all__ = [
     "CONVENTIONS",
@@ -121,26 +119,6 @@ def _import(name: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError as error:
         raise _missing_library(error) from error
-
-
-def _where(function: Any) -> str:
-    """``module.qualname (path/in/site-packages.py:line)`` of a library function."""
-    target = inspect.unwrap(function)
-    name = f"{target.__module__}.{target.__qualname__}"
-    try:
-        source = Path(inspect.getsourcefile(target) or "")
-        line = inspect.getsourcelines(target)[1]
-        top = sys.modules[target.__module__.partition(".")[0]]
-        root = Path(top.__file__ or "").parent.parent
-        return f"{name} ({source.relative_to(root)}:{line})"
-    except (TypeError, OSError, ValueError, KeyError):
-        return name
-
-
-def _float_mask(mask: Tensor, like: Tensor) -> Tensor:
-    """The mask as 0/1 values of ``like``'s floating dtype."""
-    dtype = like.dtype if like.is_floating_point() else torch.float32
-    return mask.to(dtype)
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 from ppo_ref._validate import check_finite_where, check_float, check_mask, check_real, compute_dtype
+from ppo_ref.aggregation import LossAggregation, aggregate, aggregate_loss, check_aggregation
 from ppo_ref.masked import masked_sum
 
 __all__ = [
@@ -22,9 +22,6 @@ __all__ = [
     "value_loss",
 ]
 
-LossAggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAggregation)
-
 
 @dataclass(frozen=True)
 class PolicyLossResult:
@@ -37,6 +34,7 @@ class PolicyLossResult:
         approx_kl: masked mean of ``(ratio - 1) - log(ratio)``, an estimate of KL(π_old ‖ π).
         ratio_mean: masked mean of the ratio.
         ratio_max: largest ratio on an action token (0 for a batch without one).
+        dual_clip_frac: share of action tokens on which the dual clip binds (0 without one).
     """
 
     loss: Tensor
@@ -45,6 +43,7 @@ class PolicyLossResult:
     approx_kl: Tensor
     ratio_mean: Tensor
     ratio_max: Tensor
+    dual_clip_frac: Tensor
 
 
 def _zeroed(x: Tensor, keep: Tensor, name: str) -> Tensor:
@@ -98,46 +97,6 @@ def _checked_advantages(advantages: Tensor, keep: Tensor, dtype: torch.dtype) ->
     return _zeroed(advantages, keep, "advantages").to(dtype)
 
 
-def aggregate_loss(per_token: Tensor, mask: Tensor, loss_agg: str = "token-mean") -> Tensor:
-    r"""Reduce a (B, T) per-token loss to a scalar over the action tokens (spec PG-2).
-
-    ========================  ===========================================================
-    ``loss_agg``              result
-    ========================  ===========================================================
-    ``token-mean``            :math:`\sum_{b,t} m\,\ell / \sum_{b,t} m` (every action token
-                              of the batch weighs the same)
-    ``seq-mean-token-mean``   mean over rows of each row's token mean
-    ``seq-mean-token-sum``    mean over rows of each row's token sum
-    ========================  ===========================================================
-
-    Rows without an action token are left out of the row averages; a batch without any action
-    token gives 0 (still differentiable, with zero gradient). Masked-out entries are ignored.
-
-    Example (row a: 1 token with loss 1; row b: 9 tokens with loss 0)::
-
-        >>> loss = torch.zeros(2, 9); loss[0, 0] = 1.0
-        >>> mask = torch.ones(2, 9); mask[0, 1:] = 0
-        >>> aggregate_loss(loss, mask), aggregate_loss(loss, mask, "seq-mean-token-mean")
-        (tensor(0.1000), tensor(0.5000))
-    """
-    keep = check_mask(mask)
-    check_float(per_token, "per_token", shape=keep.shape)
-    check_finite_where(per_token, keep, "per_token")
-    if loss_agg not in LOSS_AGGREGATIONS:
-        raise ValueError(f"loss_agg: expected one of {LOSS_AGGREGATIONS}, got {loss_agg!r}")
-    return _aggregate(per_token, keep, loss_agg)
-
-
-def _aggregate(per_token: Tensor, keep: Tensor, loss_agg: str) -> Tensor:
-    if loss_agg == "token-mean":
-        return masked_sum(per_token, keep) / keep.sum().clamp(min=1)
-    row_tokens = keep.sum(dim=1)
-    row_sums = masked_sum(per_token, keep, dim=1)
-    row_values = row_sums / row_tokens.clamp(min=1) if loss_agg == "seq-mean-token-mean" else row_sums
-    rows = row_tokens > 0
-    return masked_sum(row_values, rows) / rows.sum().clamp(min=1)
-
-
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -145,33 +104,47 @@ def policy_loss(
     mask: Tensor,
     clip_eps: float,
     loss_agg: str = "token-mean",
+    *,
+    clip_eps_high: float | None = None,
+    dual_clip: float | None = None,
+    norm_constant: float | None = None,
+    token_count: int | Tensor | None = None,
+    row_count: int | Tensor | None = None,
 ) -> PolicyLossResult:
-    r"""The PPO-Clip loss (Schulman et al. 2017, eq. 7) and its diagnostics (spec PG-1..6).
+    r"""The PPO-Clip loss (Schulman et al. 2017, eq. 7) and its diagnostics (spec PG-1..6, CLIP-1..3).
 
     .. math:: \rho_t = e^{\log\pi(a_t) - \log\pi_{old}(a_t)}, \qquad
-              o_t = \min\big(\rho_t A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon) A_t\big),
+              o_t = \min\big(\rho_t A_t,\ \operatorname{clip}(\rho_t, 1-\epsilon, 1+\epsilon_h) A_t\big),
               \qquad \text{loss} = -\operatorname{aggregate}(o)
 
-    ===============  =======  ==============================================================
-    argument         shape    meaning
-    ===============  =======  ==============================================================
-    ``logp``         (B, T)   log-probs of the sampled tokens under the policy being trained
-    ``old_logp``     (B, T)   the same under the policy that sampled them (no gradient)
-    ``advantages``   (B, T)   advantage estimates (usually whitened GAE)
-    ``mask``         (B, T)   1 on action tokens
-    ``clip_eps``     > 0      ε
-    ``loss_agg``     str      ``token-mean`` (default), ``seq-mean-token-mean`` or
-                              ``seq-mean-token-sum``: see :func:`aggregate_loss`
-    ===============  =======  ==============================================================
+    and with ``dual_clip = c``, for :math:`A_t < 0` only, :math:`o_t = \max(o_t, c A_t)` (Ye et al.
+    2020, eq. 5): the objective of a bad action stops falling once :math:`\rho_t > c`.
+
+    =================  =======  ==============================================================
+    argument           shape    meaning
+    =================  =======  ==============================================================
+    ``logp``           (B, T)   log-probs of the sampled tokens under the policy being trained
+    ``old_logp``       (B, T)   the same under the policy that sampled them (no gradient)
+    ``advantages``     (B, T)   advantage estimates (usually whitened GAE)
+    ``mask``           (B, T)   1 on action tokens
+    ``clip_eps``       > 0      ε, the lower clip offset (and the upper one unless
+                                ``clip_eps_high`` is given)
+    ``loss_agg``       str      see :func:`ppo_ref.aggregate_loss` (with ``norm_constant``,
+                                ``token_count``, ``row_count``)
+    ``clip_eps_high``  > 0      ε_h, the upper offset (DAPO's clip-higher, Yu et al. 2025
+                                eq. 10); None: ε_h = ε
+    ``dual_clip``      > 1      c; None: no dual clip
+    =================  =======  ==============================================================
 
     Sign convention: the objective is maximised, so the loss is its negative. The gradient of
     ``o_t`` with respect to ``logp_t`` is ``ρ_t A_t`` on the unclipped branch and 0 on the flat
-    one (A > 0 and ρ > 1 + ε, or A < 0 and ρ < 1 - ε). No dual clip is applied.
+    ones (A > 0 and ρ > 1 + ε_h; A < 0 and ρ < 1 - ε; A < 0 and ρ > c under the dual clip).
 
     Diagnostics (detached, over action tokens): ``clipfrac`` is the share of tokens where the
-    clipped term is the smaller, ``clip(ρ)A < ρA`` (the flat branch); ``ratio_outside_frac`` the
-    share with ``|ρ - 1| > ε`` whatever the sign of A; ``approx_kl`` the masked mean of
-    ``(ρ - 1) - log ρ`` (k3 estimate of KL(π_old ‖ π)).
+    clipped term is the smaller, ``clip(ρ)A < ρA`` (the flat branch of the single clip);
+    ``dual_clip_frac`` the share where the dual clip binds, ``A < 0`` and ``cA > min(ρA,
+    clip(ρ)A)``; ``ratio_outside_frac`` the share with ρ outside ``[1 - ε, 1 + ε_h]`` whatever the
+    sign of A; ``approx_kl`` the masked mean of ``(ρ - 1) - log ρ`` (k3 estimate of KL(π_old ‖ π)).
 
     Example (ε = 0.2: the clip table of spec PG-1)::
 
@@ -181,6 +154,10 @@ def policy_loss(
         ...                 loss_agg="seq-mean-token-sum")
         >>> r.loss  # -(2.4 + 2.4 + 1.2 - 1.6 - 2.8)
         tensor(-1.6000)
+        >>> r = policy_loss(torch.tensor([[4.0]]).log(), torch.zeros(1, 1), torch.tensor([[-2.0]]),
+        ...                 torch.ones(1, 1), 0.2, dual_clip=3.0)
+        >>> r.loss, r.dual_clip_frac  # max(min(-8, -2.4), 3 * -2) = -6
+        (tensor(6.), tensor(1.))
     """
     keep, log_ratio, count, zero = _check_pair(logp, old_logp, mask, check_finite=False)
     with torch.no_grad():
@@ -189,38 +166,53 @@ def policy_loss(
         kl_sum = kl_terms.sum()
     _check_finite_pair(kl_sum, logp, old_logp, keep)
     eps = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
-    if loss_agg not in LOSS_AGGREGATIONS:
-        raise ValueError(f"loss_agg: expected one of {LOSS_AGGREGATIONS}, got {loss_agg!r}")
+    eps_high = (
+        eps if clip_eps_high is None else check_real(clip_eps_high, "clip_eps_high", low=0.0, low_open=True)
+    )
+    dual = None if dual_clip is None else check_real(dual_clip, "dual_clip", low=1.0, low_open=True)
+    constant, tokens_total, rows_total = check_aggregation(
+        keep, loss_agg, norm_constant, token_count, row_count
+    )
     check_float(advantages, "advantages", shape=keep.shape)
     adv = torch.where(keep, advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device))
     adv = adv.to(log_ratio.dtype)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv
+    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps_high) * adv
     objective = torch.minimum(unclipped, clipped)
+    if dual is not None:
+        dual_bound = dual * adv
+        dual_binds = (adv < 0) & (dual_bound > objective)
+        objective = torch.where(dual_binds, dual_bound, objective)
     # Off the mask log_ratio = 0 and adv = 0 (both zeroed), so ratio = 1 and unclipped = clipped =
-    # objective = +0 there: the token-mean sum and the statistics below need no mask where that
-    # holds (the same numbers as masking them, with fewer passes over the batch).
+    # objective = +0 there (the dual bound c * 0 = 0 does not bind): the token-mean sum and the
+    # statistics below need no mask where that holds (the same numbers as masking them, with fewer
+    # passes over the batch).
     objective_sum = objective.sum()
     # An inf or NaN advantage on the mask makes its objective inf or NaN (ratio >= 0 and the clipped
     # ratio > 0), so a finite sum proves the advantages finite; otherwise check them one by one.
     if not bool(torch.isfinite(objective_sum.detach())):
         check_finite_where(advantages, keep, "advantages")
     if loss_agg == "token-mean":
-        loss = -(objective_sum / count.clamp(min=1))
+        denominator = tokens_total if tokens_total is not None else count.clamp(min=1)
+        loss = -(objective_sum / denominator)
     else:
-        loss = -_aggregate(objective, keep, loss_agg)
+        loss = -aggregate(objective, keep, loss_agg, constant, tokens_total, rows_total)
     with torch.no_grad():
         tokens = count.clamp(min=1)
         kept_ratio = torch.where(keep, ratio, zero)  # ratio is 1 off the mask: mask it for sum and max
-        distance = (ratio - 1.0).abs_()  # in place on a temporary: the same values, one allocation less
+        distance = ratio - 1.0  # |ρ - 1| > ε, exactly, when the range is symmetric
+        outside = (distance > eps_high) | (distance < -eps)
         return PolicyLossResult(
             loss=loss,
             clipfrac=torch.count_nonzero(clipped < unclipped).to(ratio.dtype) / tokens,
-            ratio_outside_frac=torch.count_nonzero(distance > eps).to(ratio.dtype) / tokens,
+            ratio_outside_frac=torch.count_nonzero(outside).to(ratio.dtype) / tokens,
             approx_kl=kl_sum / tokens,
             ratio_mean=kept_ratio.sum() / tokens,
             ratio_max=kept_ratio.amax() if ratio.numel() else zero,
+            dual_clip_frac=(
+                torch.count_nonzero(dual_binds).to(ratio.dtype) / tokens if dual is not None else zero
+            ),
         )
 
 
@@ -230,8 +222,13 @@ def value_loss(
     returns: Tensor,
     mask: Tensor,
     clip_eps: float | None = None,
+    loss_agg: str = "token-mean",
+    *,
+    norm_constant: float | None = None,
+    token_count: int | Tensor | None = None,
+    row_count: int | Tensor | None = None,
 ) -> Tensor:
-    r"""The (optionally clipped) value loss, token-mean over the action tokens (spec VF-1, VF-2).
+    r"""The (optionally clipped) value loss over the action tokens (spec VF-1, VF-2).
 
     .. math:: V^{clip} = V_{old} + \operatorname{clip}(V - V_{old}, -c, c), \qquad
               \text{loss} = \tfrac12 \operatorname{mean}_m\!\big(\max((V - R)^2, (V^{clip} - R)^2)\big)
@@ -239,7 +236,9 @@ def value_loss(
     and without clipping (``clip_eps=None``) :math:`\tfrac12 \operatorname{mean}_m((V - R)^2)`.
     ``values`` (differentiable), ``old_values`` (the rollout's values) and ``returns`` (the GAE
     targets) are (B, T); ``mask`` is (B, T); ``c = clip_eps`` is in reward units. Returns 0-dim; a
-    batch without action tokens gives 0.
+    batch without action tokens gives 0. ``mean_m`` is the token-mean by default; ``loss_agg`` and
+    its keywords (``norm_constant``, ``token_count``, ``row_count``) select another reduction of
+    the per-token terms, as in :func:`ppo_ref.aggregate_loss`.
 
     Example (V_old = 5, V = 1, R = 10, c = 0.2: the unclipped branch is the larger)::
 
@@ -254,13 +253,18 @@ def value_loss(
         check_float(tensor, name, shape=keep.shape)
         zeroed.append(_zeroed(tensor, keep, name))
     dtype = compute_dtype(*named.values())
+    constant, tokens_total, rows_total = check_aggregation(
+        keep, loss_agg, norm_constant, token_count, row_count
+    )
     v, v_old, target = (t.to(dtype) for t in zeroed)
     squared = (v - target) ** 2
     if clip_eps is not None:
         c = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
         v_clipped = v_old + torch.clamp(v - v_old, -c, c)
         squared = torch.maximum(squared, (v_clipped - target) ** 2)
-    return 0.5 * masked_sum(squared, keep) / torch.count_nonzero(keep).clamp(min=1)
+    if loss_agg == "token-mean" and tokens_total is None:
+        return 0.5 * masked_sum(squared, keep) / torch.count_nonzero(keep).clamp(min=1)
+    return 0.5 * aggregate(squared, keep, loss_agg, constant, tokens_total, rows_total)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,131 @@
+"""Group-relative advantages of critic-free trainers: GRPO, Dr. GRPO, RLOO (spec GRP-1..4)."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+from torch import Tensor
+
+from ppo_ref._validate import check_finite_where, check_float, check_real, compute_dtype
+
+__all__ = ["GROUP_METHODS", "GroupMethod", "group_advantages"]
+
+GroupMethod = Literal["grpo", "dr_grpo", "rloo"]
+GROUP_METHODS: tuple[str, ...] = get_args(GroupMethod)
+STD_SCOPES: tuple[str, ...] = ("group", "batch", "none")
+SINGLETON_RULES: tuple[str, ...] = ("zero", "error")
+
+
+def _check_group_ids(group_ids: object, rows: int) -> Tensor:
+    if not isinstance(group_ids, Tensor):
+        raise ValueError(f"group_ids: expected a torch.Tensor, got {type(group_ids).__name__}")
+    if group_ids.dtype == torch.bool or group_ids.is_floating_point() or group_ids.is_complex():
+        raise ValueError(f"group_ids: expected an integer tensor, got dtype {group_ids.dtype}")
+    if tuple(group_ids.shape) != (rows,):
+        raise ValueError(
+            f"group_ids: expected shape ({rows},) (one id per score), got {tuple(group_ids.shape)}"
+        )
+    return group_ids
+
+
+def group_advantages(
+    scores: Tensor,
+    group_ids: Tensor,
+    method: str = "grpo",
+    *,
+    std_scope: str = "group",
+    eps: float = 1e-6,
+    singleton: str = "zero",
+) -> Tensor:
+    r"""One advantage per sequence from its group of samples of the same prompt (spec GRP-1..4).
+
+    With :math:`r_i` the score of sequence :math:`i`, :math:`g` its group (all rows with the same
+    ``group_ids`` entry), :math:`n_g` the group's size, :math:`\mu_g` its mean and :math:`\sigma_g`
+    its standard deviation with Bessel's correction (:math:`n_g - 1`):
+
+    ================  ==================================================  ==========================
+    ``method``        :math:`A_i`                                         source
+    ================  ==================================================  ==========================
+    ``grpo``          :math:`(r_i - \mu_g) / (\sigma + \epsilon)`         Shao et al. 2024, §4.1.2
+    ``dr_grpo``       :math:`r_i - \mu_g`                                 Liu et al. 2025, eq. 3
+    ``rloo``          :math:`r_i - \frac{1}{n_g - 1}\sum_{j \ne i} r_j`   Ahmadian et al. 2024, eq. 8
+    ================  ==================================================  ==========================
+
+    ``std_scope`` (``grpo`` only) chooses :math:`\sigma`: ``group`` (default) :math:`\sigma_g`;
+    ``batch`` the standard deviation of all B scores (group mean, batch scale: TRL's
+    ``scale_rewards="batch"``); ``none`` no division (then ``grpo`` equals ``dr_grpo``). ``eps``
+    (>= 0) is added to :math:`\sigma`, after the square root.
+
+    ===============  =====  =================================================================
+    argument         shape  meaning
+    ===============  =====  =================================================================
+    ``scores``       (B,)   one finite outcome score per sequence
+    ``group_ids``    (B,)   integers; equal ids share a prompt (any order, any group sizes)
+    ``singleton``    str    a group of one sample: ``zero`` gives it A = 0 (there is no
+                            baseline to compare with); ``error`` raises ``ValueError``
+    returns          (B,)   float32, or float64 for float64 scores
+    ===============  =====  =================================================================
+
+    Identities: within a group the advantages sum to 0 (every method); ``rloo`` equals
+    :math:`n_g / (n_g - 1)` times ``dr_grpo``; a group whose scores are all equal gives exactly 0
+    (also with ``eps=0``).
+
+    Example (one group of four: mean 0.5, σ = 0.57735)::
+
+        >>> scores, ids = torch.tensor([1.0, 0.0, 1.0, 0.0]), torch.tensor([7, 7, 7, 7])
+        >>> group_advantages(scores, ids), group_advantages(scores, ids, "rloo")
+        (tensor([ 0.8660, -0.8660,  0.8660, -0.8660]), tensor([ 0.6667, -0.6667,  0.6667, -0.6667]))
+    """
+    check_float(scores, "scores", ndim=1)
+    check_finite_where(scores, None, "scores")
+    ids = _check_group_ids(group_ids, scores.shape[0])
+    if method not in GROUP_METHODS:
+        raise ValueError(f"method: expected one of {GROUP_METHODS}, got {method!r}")
+    if std_scope not in STD_SCOPES:
+        raise ValueError(f"std_scope: expected one of {STD_SCOPES}, got {std_scope!r}")
+    if method != "grpo" and std_scope != "group":
+        raise ValueError(
+            f"std_scope: only method='grpo' divides by a standard deviation, got {std_scope!r} "
+            f"with method={method!r}"
+        )
+    epsilon = check_real(eps, "eps", low=0.0)
+    if singleton not in SINGLETON_RULES:
+        raise ValueError(f"singleton: expected one of {SINGLETON_RULES}, got {singleton!r}")
+
+    dtype = compute_dtype(scores)
+    r = scores.to(dtype)
+    if r.numel() == 0:
+        return r.clone()
+    _, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+    n = counts.to(dtype)[inverse]  # each row's group size
+    alone = n < 2
+    if singleton == "error" and bool(alone.any()):
+        row = int(alone.nonzero()[0])
+        raise ValueError(
+            f"group_ids: group {ids[row].item()} (row {row}) has a single sample, so it has no baseline "
+            "(pass singleton='zero' to give such rows A = 0)"
+        )
+    sums = torch.zeros(counts.shape[0], dtype=dtype, device=r.device).index_add(0, inverse, r)
+    mean = (sums / counts.to(dtype))[inverse]
+    centered = r - mean
+    zero = torch.zeros((), dtype=dtype, device=r.device)
+    if method == "dr_grpo" or (method == "grpo" and std_scope == "none"):
+        advantages = centered
+    elif method == "rloo":
+        advantages = centered * n / (n - 1).clamp(min=1)
+    elif std_scope == "group":
+        squares = torch.zeros(counts.shape[0], dtype=dtype, device=r.device).index_add(
+            0, inverse, centered**2
+        )
+        var = (squares / (counts.to(dtype) - 1).clamp(min=1))[inverse]
+        advantages = centered / (var.sqrt() + epsilon)
+    else:  # grpo with the batch's standard deviation
+        batch_std = r.std(unbiased=True) if r.numel() > 1 else zero
+        advantages = centered / (batch_std + epsilon)
+    # A constant group gives exactly 0 (its mean, a rounded sum over n, may differ from its members
+    # in the last bit, and with eps = 0 its 0 / 0 would be NaN).
+    group_max = torch.full_like(sums, -torch.inf).scatter_reduce(0, inverse, r, "amax")
+    group_min = torch.full_like(sums, torch.inf).scatter_reduce(0, inverse, r, "amin")
+    constant = (group_max == group_min)[inverse]
+    return torch.where(alone | constant, zero, advantages)

@@ -1,0 +1,178 @@
+"""Policy losses other than PPO-Clip that trainers run today: GSPO and CISPO (spec GSPO-*, CISPO-*)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ppo_ref._validate import check_float, check_real, check_rows
+from ppo_ref.aggregation import aggregate, check_aggregation
+from ppo_ref.losses import _check_pair, _checked_advantages
+from ppo_ref.masked import masked_sum
+
+__all__ = ["CISPOLossResult", "GSPOLossResult", "cispo_loss", "gspo_loss"]
+
+
+@dataclass(frozen=True)
+class GSPOLossResult:
+    """What :func:`gspo_loss` returns. Every field is a 0-dim tensor; only ``loss`` has a graph.
+
+    Attributes:
+        loss: the GSPO loss, to minimise; differentiable in ``logp``.
+        clipfrac: share of sequences (rows with an action token) on the flat branch.
+        ratio_mean: mean of the sequence ratios s_i over those rows.
+        ratio_max: largest sequence ratio (0 for a batch without an action token).
+        approx_kl: masked token-mean of ``(ρ - 1) - log ρ``, as in :func:`ppo_ref.policy_loss`.
+    """
+
+    loss: Tensor
+    clipfrac: Tensor
+    ratio_mean: Tensor
+    ratio_max: Tensor
+    approx_kl: Tensor
+
+
+def gspo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float,
+    *,
+    clip_eps_high: float | None = None,
+    row_count: int | Tensor | None = None,
+) -> GSPOLossResult:
+    r"""Group Sequence Policy Optimization: the clip on a sequence ratio (Zheng et al. 2025, eq. 5-7).
+
+    .. math:: s_i = \exp\Big(\frac{1}{|y_i|}\sum_{t \in y_i} \big(\log\pi(a_t) - \log\pi_{old}(a_t)\big)\Big),
+              \qquad o_i = \min\big(s_i A_i,\ \operatorname{clip}(s_i, 1-\epsilon, 1+\epsilon_h) A_i\big),
+              \qquad \text{loss} = -\frac{1}{R}\sum_i o_i
+
+    over the R rows with at least one action token (``row_count``: the whole batch's R, for a call
+    on one micro-batch). ``logp``, ``old_logp`` and ``mask`` are (B, T); ``advantages`` is (B,), one
+    per sequence; ``clip_eps`` > 0 and ``clip_eps_high`` (None: the same) are the clip offsets
+    (the paper uses 3e-4 and 4e-4). The ratio is the geometric mean of the token ratios, so a
+    sequence's length does not change its scale.
+
+    Gradient: :math:`\partial o_i/\partial \log\pi(a_t) = s_i A_i / |y_i|` on the unclipped branch,
+    0 on the flat one. This equals the GSPO-token form (:math:`\log s_{i,t} = \mathrm{sg}[\log s_i]
+    + \log\pi_t - \mathrm{sg}[\log\pi_t]`, eq. 13) aggregated with ``seq-mean-token-mean``, in value
+    and gradient; under ``token-mean`` the two differ (long sequences weigh more).
+
+    Example (one row of two tokens with log-ratios 0.1 and 0.3: s = e^0.2 = 1.2214, clipped to 1.2)::
+
+        >>> r = gspo_loss(torch.tensor([[0.1, 0.3]]), torch.zeros(1, 2), torch.tensor([1.0]),
+        ...               torch.ones(1, 2), clip_eps=0.2)
+        >>> r.loss, r.clipfrac
+        (tensor(-1.2000), tensor(1.))
+    """
+    keep, log_ratio, count, zero = _check_pair(logp, old_logp, mask)
+    eps = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
+    eps_high = (
+        eps if clip_eps_high is None else check_real(clip_eps_high, "clip_eps_high", low=0.0, low_open=True)
+    )
+    _, _, rows_total = check_aggregation(keep, "seq-mean-token-mean", None, None, row_count)
+    adv = check_rows(advantages, "advantages", keep.shape[0]).to(log_ratio.dtype)
+    row_tokens = keep.sum(dim=1)
+    nonempty = row_tokens > 0
+    seq_log_ratio = masked_sum(log_ratio, keep, dim=1) / row_tokens.clamp(min=1)
+    seq_ratio = torch.exp(seq_log_ratio)
+    unclipped = seq_ratio * adv
+    clipped = torch.clamp(seq_ratio, 1.0 - eps, 1.0 + eps_high) * adv
+    objective = torch.minimum(unclipped, clipped)
+    rows = rows_total if rows_total is not None else nonempty.sum().clamp(min=1)
+    loss = -masked_sum(objective, nonempty) / rows
+    with torch.no_grad():
+        seqs = nonempty.sum().clamp(min=1)
+        kept_ratio = torch.where(nonempty, seq_ratio, zero)
+        return GSPOLossResult(
+            loss=loss,
+            clipfrac=torch.count_nonzero(nonempty & (clipped < unclipped)).to(zero.dtype) / seqs,
+            ratio_mean=kept_ratio.sum() / seqs,
+            ratio_max=kept_ratio.amax() if kept_ratio.numel() else zero,
+            approx_kl=masked_sum(torch.expm1(log_ratio) - log_ratio, keep) / count.clamp(min=1),
+        )
+
+
+@dataclass(frozen=True)
+class CISPOLossResult:
+    """What :func:`cispo_loss` returns. Every field is a 0-dim tensor; only ``loss`` has a graph.
+
+    Attributes:
+        loss: the CISPO loss, to minimise; differentiable in ``logp``.
+        clipfrac: share of action tokens whose weight the clip changed (ρ outside the bounds).
+        ratio_mean: masked mean of the token ratio ρ.
+        ratio_max: largest ratio on an action token (0 for a batch without one).
+        approx_kl: masked mean of ``(ρ - 1) - log ρ``.
+    """
+
+    loss: Tensor
+    clipfrac: Tensor
+    ratio_mean: Tensor
+    ratio_max: Tensor
+    approx_kl: Tensor
+
+
+def cispo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    loss_agg: str = "token-mean",
+    *,
+    norm_constant: float | None = None,
+    token_count: int | Tensor | None = None,
+    row_count: int | Tensor | None = None,
+) -> CISPOLossResult:
+    r"""Clipped IS-weight Policy Optimization (MiniMax-M1, 2025, eq. 4): clip the weight, not the update.
+
+    .. math:: \ell_t = -\,\mathrm{sg}\big[\operatorname{clip}(\rho_t, 1 - \epsilon_{low},
+              1 + \epsilon_{high})\big]\, A_t \log\pi(a_t),
+              \qquad \text{loss} = \operatorname{aggregate}(\ell)
+
+    The weight is detached, so every action token keeps a gradient :math:`-w_t A_t` in
+    ``logp`` (PPO-Clip would drop the clipped ones). Shapes as in :func:`ppo_ref.policy_loss`:
+    ``logp``, ``old_logp``, ``advantages``, ``mask`` are (B, T). ``clip_low`` and ``clip_high``
+    (>= 0) are offsets from 1 (the reference parametrisation, verl's); a lower bound
+    ``1 - clip_low <= 0`` means none. ScaleRL's [0, 5] is ``clip_low=1, clip_high=4``. Other
+    libraries parametrise differently (TRL: an absolute cap ``min(ρ, ε_high)``; skyrl-train 0.3.1's
+    defaults 0 and 5 give [1, 6]): declared conventions, see the spec's CISPO-2. ``loss_agg`` and
+    its keywords as in :func:`ppo_ref.aggregate_loss`.
+
+    Example (ρ = 2 clipped to 1.2, A = 1, logp = ln 0.5: loss = -1.2 * ln 0.5, gradient -1.2)::
+
+        >>> logp = torch.tensor([[0.5]]).log().requires_grad_()
+        >>> r = cispo_loss(logp, logp.detach() - torch.tensor(2.0).log(), torch.ones(1, 1),
+        ...                torch.ones(1, 1), clip_low=0.2, clip_high=0.2)
+        >>> r.loss.backward(); r.loss.detach(), logp.grad
+        (tensor(0.8318), tensor([[-1.2000]]))
+    """
+    keep, log_ratio, count, zero = _check_pair(logp, old_logp, mask)
+    low = check_real(clip_low, "clip_low", low=0.0)
+    high = check_real(clip_high, "clip_high", low=0.0)
+    constant, tokens_total, rows_total = check_aggregation(
+        keep, loss_agg, norm_constant, token_count, row_count
+    )
+    adv = _checked_advantages(advantages, keep, log_ratio.dtype)
+    check_float(logp, "logp")
+    kept_logp = torch.where(keep, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).to(adv.dtype)
+    with torch.no_grad():
+        ratio = torch.exp(log_ratio)
+        weight = torch.clamp(ratio, min=1.0 - low, max=1.0 + high)
+    per_token = -weight * adv * kept_logp
+    loss = aggregate(per_token, keep, loss_agg, constant, tokens_total, rows_total)
+    with torch.no_grad():
+        tokens = count.clamp(min=1)
+        kept_ratio = torch.where(keep, ratio, zero)
+        changed = keep & (weight != ratio)
+        return CISPOLossResult(
+            loss=loss,
+            clipfrac=torch.count_nonzero(changed).to(zero.dtype) / tokens,
+            ratio_mean=kept_ratio.sum() / tokens,
+            ratio_max=kept_ratio.amax() if ratio.numel() else zero,
+            approx_kl=masked_sum(torch.expm1(log_ratio) - log_ratio, keep) / tokens,
+        )

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -15,7 +13,7 @@ from ppo_ref._validate import (
     check_rows,
     compute_dtype,
 )
-from ppo_ref.masked import _mean_and_var
+from ppo_ref.masked import masked_mean_var
 
 __all__ = ["explained_variance", "gae"]
 
@@ -88,8 +86,7 @@ def _gae(
     The TD errors are computed for all positions at once (the "next value" of a position is the
     value at the row's next action token, or the bootstrap after its last one), so only the
     running advantage is left to the backward loop over columns: two element-wise ops per column
-    when no row has holes, plus a masked copy with holes. On the CPU without autograd that loop
-    runs in numpy, several times faster than tiny torch ops. Every number goes through the same
+    when no row has holes, plus a masked copy with holes. Every number goes through the same
     float operations in the same order as in the plain recursion, so the results are
     bit-identical to it.
     """
@@ -97,9 +94,6 @@ def _gae(
     batch, steps = keep.shape
     device = keep.device
     zero = torch.zeros((), dtype=dtype, device=device)
-    needs_graph = torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (rewards, values, last_values)
-    )
     rewards = torch.where(keep, rewards.to(dtype), zero)
     values = torch.where(keep, values.to(dtype), zero)
     if steps == 0:
@@ -126,17 +120,13 @@ def _gae(
         # One run per row: zero TD errors after it keep the running advantage at exactly 0 until
         # its last token; the columns before it are never read.
         deltas = torch.where(keep, deltas, zero)
-    decay = gamma * lam
-    if device.type == "cpu" and not needs_graph and _numpy() is not None:
-        raw = _recurrence_numpy(deltas, keep if has_holes else None, decay)
-    else:
-        raw = _recurrence_torch(deltas, keep if has_holes else None, decay)
+    raw = _recurrence(deltas, keep if has_holes else None, gamma * lam)
     advantages = torch.where(keep, raw, zero)
     returns = torch.where(keep, advantages + values, zero)
     return advantages, returns
 
 
-def _recurrence_torch(deltas: Tensor, keep: Tensor | None, decay: float) -> Tensor:
+def _recurrence(deltas: Tensor, keep: Tensor | None, decay: float) -> Tensor:
     """``A_t = delta_t + decay * A_next`` backwards over the columns; with ``keep``, off-mask
     columns carry ``A_next`` through unchanged (their own entry of the result is unused)."""
     running = torch.zeros_like(deltas[:, 0])
@@ -147,34 +137,6 @@ def _recurrence_torch(deltas: Tensor, keep: Tensor | None, decay: float) -> Tens
         running = advantage if kept_columns is None else torch.where(kept_columns[t], advantage, running)
         columns[t] = advantage
     return torch.stack(columns, dim=1)
-
-
-def _recurrence_numpy(deltas: Tensor, keep: Tensor | None, decay: float) -> Tensor:
-    """:func:`_recurrence_torch` in numpy (same IEEE operations, same order: identical results)."""
-    np = _numpy()
-    assert np is not None
-    delta_rows = deltas.t().contiguous().numpy()  # (T, B): one contiguous row per column
-    out = np.empty_like(delta_rows)
-    scaled = np.empty_like(delta_rows[0])
-    running = np.zeros_like(delta_rows[0])
-    kept_rows = None if keep is None else keep.t().contiguous().numpy()
-    for t in range(delta_rows.shape[0] - 1, -1, -1):
-        np.multiply(running, delta_rows.dtype.type(decay), out=scaled)
-        np.add(delta_rows[t], scaled, out=out[t])
-        if kept_rows is None:
-            running = out[t]
-        else:
-            np.copyto(running, out[t], where=kept_rows[t])
-    return torch.from_numpy(out).t()
-
-
-def _numpy() -> Any:
-    """The numpy module, or None where it is not installed (ppo-ref's math then stays in torch)."""
-    try:
-        import numpy
-    except ImportError:  # pragma: no cover - numpy is a declared dependency
-        return None
-    return numpy
 
 
 def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
@@ -200,8 +162,8 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> Tensor:
     check_finite_where(returns, keep, "returns")
     dtype = compute_dtype(values, returns)
     target = returns.to(dtype)
-    _, var_returns, _ = _mean_and_var(target, keep, unbiased=True)
-    _, var_error, _ = _mean_and_var(target - values.to(dtype), keep, unbiased=True)
+    _, var_returns, _ = masked_mean_var(target, keep, unbiased=True)
+    _, var_error, _ = masked_mean_var(target - values.to(dtype), keep, unbiased=True)
     kept_returns = target.detach()[keep]
     if bool(kept_returns.max() == kept_returns.min()):
         # Var[R] is exactly 0 (a rounded variance of equal values may not be): undefined.

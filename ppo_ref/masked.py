@@ -12,7 +12,7 @@ from torch import Tensor
 
 from ppo_ref._validate import check_bool, check_finite_where, check_float, check_mask
 
-__all__ = ["WHITEN_EPS", "masked_mean", "masked_sum", "masked_var", "masked_whiten"]
+__all__ = ["WHITEN_EPS", "masked_mean", "masked_mean_var", "masked_sum", "masked_var", "masked_whiten"]
 
 WHITEN_EPS = 1e-8
 """Added to the variance before the square root in :func:`masked_whiten`."""
@@ -72,10 +72,25 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return total / count.clamp(min=1).to(total.dtype)
 
 
-def _mean_and_var(
+def masked_mean_var(
     x: Tensor, keep: Tensor, unbiased: bool, kept_sum: Tensor | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Masked mean and variance, and ``x - mean`` on the mask (0 off it); ``kept_sum`` if known."""
+    """Masked mean, masked variance, and ``x - mean`` on the mask (0 off it), as a tuple.
+
+    No validation beyond the count: an internal building block of :func:`masked_var`,
+    :func:`masked_whiten` and :func:`ppo_ref.explained_variance`, for callers that have already
+    checked their input. ``keep`` is a bool tensor of ``x``'s shape; off it, ``x`` may hold NaN.
+    ``unbiased`` divides the sum of squares by ``n - 1`` instead of ``n``; ``kept_sum``, when the
+    caller has it, is the sum of ``x`` over ``keep``. Fewer than 2 kept entries is a ``ValueError``.
+
+    Example::
+
+        >>> mean, var, centered = masked_mean_var(
+        ...     torch.tensor([1.0, 2.0, 3.0, float("nan")]), torch.tensor([True, True, True, False]), True
+        ... )
+        >>> mean, var, centered
+        (tensor(2.), tensor(1.), tensor([-1.,  0.,  1.,  0.]))
+    """
     count = int(torch.count_nonzero(keep))
     if count < 2:
         raise ValueError(f"mask: expected at least 2 masked-in entries for a variance, got {count}")
@@ -100,7 +115,7 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
         tensor(1.)
     """
     x, keep, total = _checked(x, mask)
-    return _mean_and_var(x, keep, check_bool(unbiased, "unbiased"), total)[1]
+    return masked_mean_var(x, keep, check_bool(unbiased, "unbiased"), total)[1]
 
 
 def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
@@ -121,7 +136,7 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
     """
     x, keep, total = _checked(x, mask)
     shift_mean = check_bool(shift_mean, "shift_mean")
-    mean, var, centered = _mean_and_var(x, keep, True, total)
+    mean, var, centered = masked_mean_var(x, keep, True, total)
     scale = torch.rsqrt(var + WHITEN_EPS)
     if shift_mean:
         return centered * scale  # already 0 off the mask (0 * scale)

@@ -21,9 +21,14 @@ from torch import Tensor
 __all__ = [
     "OP_NAMES",
     "Adapter",
+    "AggregateLossOp",
+    "CispoLossOp",
     "CompleteAdapter",
     "EntropyOp",
     "GaeOp",
+    "GroupAdvantagesOp",
+    "GspoLossOp",
+    "KlLossOp",
     "KlPenaltyOp",
     "MaskedMeanOp",
     "MaskedWhitenOp",
@@ -31,6 +36,8 @@ __all__ = [
     "PolicyLossOp",
     "PolicyLossOutput",
     "PpoPenaltyLossOp",
+    "RolloutCorrectionOp",
+    "SequenceLossOutput",
     "TokenLogprobsOp",
     "TokenRewardsOp",
     "ValueLossOp",
@@ -48,8 +55,16 @@ OP_NAMES: tuple[str, ...] = (
     "policy_loss",
     "value_loss",
     "ppo_penalty_loss",
+    "group_advantages",
+    "aggregate_loss",
+    "gspo_loss",
+    "cispo_loss",
+    "kl_loss",
+    "rollout_correction",
 )
-"""Every op an adapter may provide, in the order the report lists them."""
+"""Every op an adapter may provide, in the order the report lists them. All are optional; the
+last six (the PPO family: critic-free advantages, loss aggregation, GSPO, CISPO, KL as a loss and
+rollout corrections) are newer, and most adapters provide a part of them."""
 
 
 @runtime_checkable
@@ -176,6 +191,103 @@ class PpoPenaltyLossOp(Protocol):
     ) -> PenaltyLossOutput: ...
 
 
+class GroupAdvantagesOp(Protocol):
+    def __call__(
+        self,
+        scores: Tensor,
+        group_ids: Tensor,
+        method: str = "grpo",
+        *,
+        std_scope: str = "group",
+        eps: float = 1e-6,
+        singleton: str = "zero",
+    ) -> Tensor: ...
+
+
+class AggregateLossOp(Protocol):
+    def __call__(
+        self,
+        per_token: Tensor,
+        mask: Tensor,
+        loss_agg: str = "token-mean",
+        *,
+        norm_constant: float | None = None,
+        token_count: int | Tensor | None = None,
+        row_count: int | Tensor | None = None,
+    ) -> Tensor | float: ...
+
+
+class SequenceLossOutput(Protocol):
+    """What ``gspo_loss`` and ``cispo_loss`` return: ``loss`` (differentiable in logp) and
+    ``clipfrac`` (0-dim tensors or floats; ``clipfrac`` may be None where the library reports none)."""
+
+    @property
+    def loss(self) -> Tensor | float: ...
+
+    @property
+    def clipfrac(self) -> Tensor | float | None: ...
+
+
+class GspoLossOp(Protocol):
+    def __call__(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        clip_eps: float,
+        *,
+        clip_eps_high: float | None = None,
+        row_count: int | Tensor | None = None,
+    ) -> SequenceLossOutput: ...
+
+
+class CispoLossOp(Protocol):
+    def __call__(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        clip_low: float,
+        clip_high: float,
+        loss_agg: str = "token-mean",
+        *,
+        norm_constant: float | None = None,
+        token_count: int | Tensor | None = None,
+        row_count: int | Tensor | None = None,
+    ) -> SequenceLossOutput: ...
+
+
+class KlLossOp(Protocol):
+    def __call__(
+        self,
+        logp: Tensor,
+        ref_logp: Tensor,
+        mask: Tensor,
+        estimator: str,
+        loss_agg: str = "token-mean",
+        *,
+        norm_constant: float | None = None,
+        token_count: int | Tensor | None = None,
+        row_count: int | Tensor | None = None,
+    ) -> Tensor | float: ...
+
+
+class RolloutCorrectionOp(Protocol):
+    def __call__(
+        self,
+        logp: Tensor,
+        rollout_logp: Tensor,
+        mask: Tensor,
+        *,
+        level: str = "token",
+        mode: str = "truncate",
+        high: float,
+        low: float | None = None,
+    ) -> Tensor: ...
+
+
 class CompleteAdapter(Adapter, Protocol):
     """An adapter that provides every op (for static typing; the built-in ``mine`` is one)."""
 
@@ -189,6 +301,12 @@ class CompleteAdapter(Adapter, Protocol):
     policy_loss: PolicyLossOp
     value_loss: ValueLossOp
     ppo_penalty_loss: PpoPenaltyLossOp
+    group_advantages: GroupAdvantagesOp
+    aggregate_loss: AggregateLossOp
+    gspo_loss: GspoLossOp
+    cispo_loss: CispoLossOp
+    kl_loss: KlLossOp
+    rollout_correction: RolloutCorrectionOp
 
 
 def contract_problems(adapter: object) -> list[str]:

@@ -34,6 +34,12 @@ class ReferenceAdapter:
     policy_loss = staticmethod(ppo_ref.policy_loss)
     value_loss = staticmethod(ppo_ref.value_loss)
     ppo_penalty_loss = staticmethod(ppo_ref.ppo_penalty_loss)
+    group_advantages = staticmethod(ppo_ref.group_advantages)
+    aggregate_loss = staticmethod(ppo_ref.aggregate_loss)
+    gspo_loss = staticmethod(ppo_ref.gspo_loss)
+    cispo_loss = staticmethod(ppo_ref.cispo_loss)
+    kl_loss = staticmethod(ppo_ref.kl_loss)
+    rollout_correction = staticmethod(ppo_ref.rollout_correction)
 
     def __repr__(self) -> str:
         return f"ReferenceAdapter(name={self.name!r}, version={self.version!r})"

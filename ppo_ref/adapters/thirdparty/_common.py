@@ -1,16 +1,41 @@
-"""Helpers shared by the verl, OpenRLHF and skyrl-train adapters (no library imported here)."""
+"""Helpers shared by the third-party adapters (no library is imported here)."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["float_mask", "library_location"]
+from ppo_ref.adapters.registry import AdapterLoadError
+
+__all__ = ["float_mask", "import_library", "library_location", "missing_library"]
+
+
+def missing_library(adapter: str, library: str, error: ImportError) -> AdapterLoadError:
+    """The error for adapter ``adapter`` when ``library`` (e.g. ``"TRL 1.12.0"``) cannot be imported.
+
+    It names the command that builds the library's isolated environment and the command that runs
+    the suite there (``docs/thirdparty-envs.md``).
+    """
+    return AdapterLoadError(
+        f"adapter {adapter!r} needs {library}, which cannot be imported in this environment ({error}). "
+        f"Build its isolated environment with `python tools/thirdparty_envs.py {adapter}`, then run "
+        f"`.envs/{adapter}/bin/python -m pytest conformance/ --impl={adapter}` (docs/thirdparty-envs.md)"
+    )
+
+
+def import_library(adapter: str, library: str, module: str) -> ModuleType:
+    """Import ``module`` of the adapted library; :func:`missing_library`'s error if that fails."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise missing_library(adapter, library, error) from error
 
 
 def library_location(function: Any) -> str:

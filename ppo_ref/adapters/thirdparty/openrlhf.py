@@ -51,6 +51,7 @@ from ppo_ref.adapters.base import OP_NAMES
 from ppo_ref.adapters.registry import AdapterLoadError
 from ppo_ref.adapters.thirdparty import _openrlhf_stubs
 from ppo_ref.adapters.thirdparty._common import float_mask as _float_mask
+from ppo_ref.adapters.thirdparty._common import import_library, missing_library
 from ppo_ref.adapters.thirdparty._common import library_location as _where
 
 __all__ = ["CONVENTIONS", "CONVENTION_SOURCES", "NOT_PROVIDED", "OpenRLHFAdapter", "make_adapter"]
@@ -102,21 +103,6 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
     }
 )
 """Ops of the contract this adapter does not provide, and why."""
-
-
-def _missing_library(error: ImportError) -> AdapterLoadError:
-    return AdapterLoadError(
-        f"adapter {LIBRARY!r}: cannot import OpenRLHF in this environment ({error}). Build its isolated "
-        f"environment with `python tools/thirdparty_envs.py {LIBRARY}`, then run "
-        f"`.envs/{LIBRARY}/bin/python -m pytest conformance/ --impl={LIBRARY}` (docs/thirdparty-envs.md)"
-    )
-
-
-def _import(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as error:
-        raise _missing_library(error) from error
 
 
 def _as_actor_logits(logits: Tensor) -> Tensor:
@@ -273,10 +259,11 @@ def make_adapter() -> OpenRLHFAdapter:
     Nothing is installed when OpenRLHF itself is missing; the stubs are removed again when an
     import fails."""
     if importlib.util.find_spec(LIBRARY) is None:
-        raise _missing_library(ModuleNotFoundError(f"No module named {LIBRARY!r}", name=LIBRARY))
+        missing = ModuleNotFoundError(f"No module named {LIBRARY!r}", name=LIBRARY)
+        raise missing_library(LIBRARY, "OpenRLHF", missing)
     _openrlhf_stubs.install()
     try:
-        modules = {name: _import(name) for name in REQUIRED_MODULES}
+        modules = {name: import_library(LIBRARY, "OpenRLHF", name) for name in REQUIRED_MODULES}
     except AdapterLoadError:
         _openrlhf_stubs.uninstall()
         raise

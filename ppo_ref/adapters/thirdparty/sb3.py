@@ -24,14 +24,14 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 from collections.abc import Mapping
-from types import MappingProxyType, ModuleType, SimpleNamespace
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from ppo_ref.adapters.registry import AdapterLoadError
+from ppo_ref.adapters.thirdparty._common import import_library
 from ppo_ref.adapters.thirdparty._inline import (
     InlineBlock,
     InlineSourceError,
@@ -43,7 +43,8 @@ from ppo_ref.kl import last_action_index
 
 __all__ = ["BLOCKS", "SB3Adapter", "make_adapter"]
 
-ENV_COMMAND = "python tools/thirdparty_envs.py sb3"
+REQUIRES = "stable-baselines3 2.9.2"
+"""What the adapter needs (named in the error when it cannot be imported)."""
 PPO_TRAIN = ("stable_baselines3.ppo.ppo", "PPO.train")
 
 BLOCKS: Mapping[str, InlineBlock] = MappingProxyType(
@@ -92,17 +93,6 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
 )
 
 
-def _import(module: str) -> ModuleType:
-    try:
-        return importlib.import_module(module)
-    except ImportError as error:
-        raise AdapterLoadError(
-            f"the sb3 adapter needs stable-baselines3 2.9.2 (`{module}` failed to import: {error}); build "
-            f"its environment with `{ENV_COMMAND}` and run the suite with `.envs/sb3/bin/python -m pytest "
-            "conformance/ --impl=sb3`"
-        ) from error
-
-
 class _ValuePolicy:
     """The two policy methods SB3's time-limit lines call; the 'observation' is the bootstrap value."""
 
@@ -129,9 +119,9 @@ class SB3Adapter:
     not_provided: Mapping[str, str] = NOT_PROVIDED
 
     def __init__(self) -> None:
-        self._buffers = _import("stable_baselines3.common.buffers")
-        self._spaces = _import("gymnasium.spaces")
-        _import(PPO_TRAIN[0])
+        self._buffers = import_library("sb3", REQUIRES, "stable_baselines3.common.buffers")
+        self._spaces = import_library("sb3", REQUIRES, "gymnasium.spaces")
+        import_library("sb3", REQUIRES, PPO_TRAIN[0])
         self.version: str = importlib.metadata.version("stable-baselines3")
         self._located: dict[str, LocatedBlock] = {}
         self._errors: dict[str, str] = {}

@@ -35,8 +35,8 @@ from typing import Any
 from torch import Tensor
 
 from ppo_ref.adapters.base import OP_NAMES
-from ppo_ref.adapters.registry import AdapterLoadError
 from ppo_ref.adapters.thirdparty._common import float_mask as _float_mask
+from ppo_ref.adapters.thirdparty._common import import_library
 from ppo_ref.adapters.thirdparty._common import library_location as _where
 
 __all__ = [
@@ -106,21 +106,6 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
 """Ops of the contract this adapter does not provide, and why."""
 
 
-def _missing_library(error: ImportError) -> AdapterLoadError:
-    return AdapterLoadError(
-        f"adapter {LIBRARY!r}: cannot import skyrl-train in this environment ({error}). Build its isolated "
-        f"environment with `python tools/thirdparty_envs.py {LIBRARY}`, then run "
-        f"`.envs/{LIBRARY}/bin/python -m pytest conformance/ --impl={LIBRARY}` (docs/thirdparty-envs.md)"
-    )
-
-
-def _import(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as error:
-        raise _missing_library(error) from error
-
-
 @dataclass(frozen=True)
 class PolicyLossResult:
     """skyrl's policy loss and its ``clip_ratio`` (clipfrac); skyrl reports no approx-KL."""
@@ -131,7 +116,7 @@ class PolicyLossResult:
 
 
 def _load() -> dict[str, ModuleType]:
-    return {name: _import(name) for name in REQUIRED_MODULES}
+    return {name: import_library(LIBRARY, "skyrl-train", name) for name in REQUIRED_MODULES}
 
 
 class SkyRLAdapter:

@@ -26,19 +26,20 @@ import importlib
 import importlib.metadata
 import warnings
 from collections.abc import Mapping
-from types import MappingProxyType, ModuleType
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ppo_ref.adapters.registry import AdapterLoadError
+from ppo_ref.adapters.thirdparty._common import import_library
 from ppo_ref.adapters.thirdparty._inline import LibraryPolicyLoss
 from ppo_ref.kl import last_action_index
 
 __all__ = ["TorchRLAdapter", "make_adapter"]
 
-ENV_COMMAND = "python tools/thirdparty_envs.py torchrl"
+REQUIRES = "TorchRL 0.14.1"
+"""What the adapter needs (named in the error when it cannot be imported)."""
 POLICY_LOG_PROB = "policy_log_prob"
 CURRENT_VALUE = "current_value"
 _FEATURE_KEYS = frozenset({"advantage", "state_value", "value_target", CURRENT_VALUE})
@@ -58,17 +59,6 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
         "(samples_mc_kl), not from given per-token log-probs",
     }
 )
-
-
-def _import(module: str) -> ModuleType:
-    try:
-        return importlib.import_module(module)
-    except ImportError as error:
-        raise AdapterLoadError(
-            f"the torchrl adapter needs TorchRL 0.14.1 (`{module}` failed to import: {error}); build its "
-            f"environment with `{ENV_COMMAND}` and run the suite with `.envs/torchrl/bin/python -m pytest "
-            "conformance/ --impl=torchrl`"
-        ) from error
 
 
 class _GivenLogProb(torch.distributions.Distribution):
@@ -118,11 +108,11 @@ class TorchRLAdapter:
     not_provided: Mapping[str, str] = NOT_PROVIDED
 
     def __init__(self) -> None:
-        self._functional = _import("torchrl.objectives.value.functional")
-        self._objectives = _import("torchrl.objectives")
-        self._kl = _import("torchrl.envs.llm.transforms.kl")
-        self._tensordict = _import("tensordict")
-        self._tensordict_nn = _import("tensordict.nn")
+        self._functional = import_library("torchrl", REQUIRES, "torchrl.objectives.value.functional")
+        self._objectives = import_library("torchrl", REQUIRES, "torchrl.objectives")
+        self._kl = import_library("torchrl", REQUIRES, "torchrl.envs.llm.transforms.kl")
+        self._tensordict = import_library("torchrl", REQUIRES, "tensordict")
+        self._tensordict_nn = import_library("torchrl", REQUIRES, "tensordict.nn")
         self.version: str = importlib.metadata.version("torchrl")
         self.provenance: str = (
             f"TorchRL {self.version} (tensordict {importlib.metadata.version('tensordict')}). gae: "

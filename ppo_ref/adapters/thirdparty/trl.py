@@ -20,13 +20,13 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
-from types import MappingProxyType, ModuleType, SimpleNamespace
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ppo_ref.adapters.registry import AdapterLoadError
+from ppo_ref.adapters.thirdparty._common import import_library
 from ppo_ref.adapters.thirdparty._inline import (
     InlineBlock,
     InlineSourceError,
@@ -38,7 +38,8 @@ from ppo_ref.kl import last_action_index
 
 __all__ = ["BLOCKS", "TrlAdapter", "make_adapter"]
 
-ENV_COMMAND = "python tools/thirdparty_envs.py trl"
+REQUIRES = "TRL 1.12.0"
+"""What the adapter needs (named in the error when it cannot be imported)."""
 TRAINER_MODULE = "trl.experimental.ppo.ppo_trainer"
 UTILS_MODULE = "trl.trainer.utils"
 TRAIN = "PPOTrainer.train"
@@ -126,26 +127,15 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
 )
 
 
-def _import(module: str) -> ModuleType:
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    try:
-        return importlib.import_module(module)
-    except ImportError as error:
-        raise AdapterLoadError(
-            f"the trl adapter needs TRL 1.12.0 (`{module}` failed to import: {error}); build its "
-            f"environment with `{ENV_COMMAND}` and run the suite with `.envs/trl/bin/python -m pytest "
-            "conformance/ --impl=trl`"
-        ) from error
-
-
 class TrlAdapter:
     """TRL 1.12's PPO math; see the module docstring for how each op reaches TRL's code."""
 
     name = "trl"
 
     def __init__(self) -> None:
-        self._trainer = _import(TRAINER_MODULE)
-        self._utils = _import(UTILS_MODULE)
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        self._trainer = import_library(self.name, REQUIRES, TRAINER_MODULE)
+        self._utils = import_library(self.name, REQUIRES, UTILS_MODULE)
         self.version: str = str(importlib.import_module("trl").__version__)
         self._located: dict[str, LocatedBlock] = {}
         self._errors: dict[str, str] = {}

@@ -32,8 +32,8 @@ import torch
 from torch import Tensor
 
 from ppo_ref.adapters.base import OP_NAMES
-from ppo_ref.adapters.registry import AdapterLoadError
 from ppo_ref.adapters.thirdparty._common import float_mask as _float_mask
+from ppo_ref.adapters.thirdparty._common import import_library
 from ppo_ref.adapters.thirdparty._common import library_location as _where
 
 __all__ = ["CONVENTIONS", "CONVENTION_SOURCES", "NOT_PROVIDED", "VerlAdapter", "make_adapter"]
@@ -89,21 +89,6 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
     }
 )
 """Ops of the contract this adapter does not provide, and why."""
-
-
-def _missing_library(error: ImportError) -> AdapterLoadError:
-    return AdapterLoadError(
-        f"adapter {LIBRARY!r}: cannot import verl in this environment ({error}). Build its isolated "
-        f"environment with `python tools/thirdparty_envs.py {LIBRARY}`, then run "
-        f"`.envs/{LIBRARY}/bin/python -m pytest conformance/ --impl={LIBRARY}` (docs/thirdparty-envs.md)"
-    )
-
-
-def _import(name: str) -> ModuleType:
-    try:
-        return importlib.import_module(name)
-    except ImportError as error:
-        raise _missing_library(error) from error
 
 
 @dataclass(frozen=True)
@@ -274,7 +259,7 @@ class VerlAdapter:
 
 def make_adapter() -> VerlAdapter:
     """Import verl (only now) and return its adapter; a clear error if verl is not installed."""
-    modules = {name: _import(name) for name in REQUIRED_MODULES}
+    modules = {name: import_library(LIBRARY, "verl", name) for name in REQUIRED_MODULES}
     try:
         with warnings.catch_warnings():  # it warns about every GPU engine it cannot load on a CPU
             warnings.simplefilter("ignore")

@@ -63,6 +63,7 @@ def test_missing_library_names_the_environment_commands(name: str) -> None:
     with pytest.raises(AdapterLoadError) as raised:
         get_adapter(name)
     message = str(raised.value)
+    assert f"adapter {name!r} needs " in message  # the one message of every adapter
     assert f"python tools/thirdparty_envs.py {name}" in message
     assert f".envs/{name}/bin/python -m pytest conformance/ --impl={name}" in message
 

@@ -16,7 +16,9 @@ Options (registered here, so give ``conformance/`` or a file in it on the comman
 Markers: ``clause(*ids)`` ties a test to spec clauses (the report's rows), ``ops(*names)`` names the
 adapter ops it calls (skipped as "not provided" when the adapter does not list one), and
 ``needs(*capabilities)`` names declared capabilities (``kl_estimator:k2``, ``loss_agg:token-mean``,
-``value_clip:clipped``, ``gae_bootstrap``) that the adapter's conventions may exclude.
+``value_clip:clipped``, ``gae_bootstrap``, ``policy_option:counts``, ``group_method:rloo``,
+``group_std_scope:batch``, ``kl_loss_estimator:k3+``, ``correction_level:sequence``,
+``correction_mode:mask``) that the adapter's conventions may exclude.
 """
 
 from __future__ import annotations
@@ -136,6 +138,12 @@ def _missing_capability(context: Context, capability: str) -> str | None:
         "value_clip": ("value_clip_modes", c.value_clip_modes, value not in c.value_clip_modes),
         "gae_bootstrap": ("gae_bootstrap", c.gae_bootstrap, c.gae_bootstrap == "none"),
         "statistic": (value, getattr(c, value, None), getattr(c, value, "") is None),
+        "policy_option": ("policy_loss_options", c.policy_loss_options, value not in c.policy_loss_options),
+        "group_method": ("group_methods", c.group_methods, value not in c.group_methods),
+        "group_std_scope": ("group_std_scopes", c.group_std_scopes, value not in c.group_std_scopes),
+        "kl_loss_estimator": ("kl_loss_estimators", c.kl_loss_estimators, value not in c.kl_loss_estimators),
+        "correction_level": ("correction_levels", c.correction_levels, value not in c.correction_levels),
+        "correction_mode": ("correction_modes", c.correction_modes, value not in c.correction_modes),
     }
     if kind not in checks:
         raise ValueError(f"needs marker: unknown capability {capability!r}")

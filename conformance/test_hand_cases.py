@@ -27,8 +27,26 @@ from conformance.cases import Case, decode_inputs, load_cases, output_names, rep
 from conformance.support import Context, whitening_scale
 from ppo_ref.adapters import OP_NAMES
 
-OPTIONAL_OUTPUTS = frozenset({"ratio_outside_frac", "ratio_mean", "ratio_max", "kl"})
+OPTIONAL_OUTPUTS = frozenset({"ratio_outside_frac", "ratio_mean", "ratio_max", "kl", "dual_clip_frac"})
 """Outputs of the reference that the adapter contract does not require."""
+
+OPTIONAL_BY_OP = {op: frozenset({"approx_kl"}) for op in ("gspo_loss", "cispo_loss")}
+"""Outputs the contract requires of policy_loss but not of these ops (only ``loss`` and ``clipfrac``)."""
+LOSS_OPS = frozenset({"policy_loss", "value_loss", "cispo_loss", "kl_loss"})
+"""Ops whose ``loss_agg`` the declared ``loss_aggregations`` narrows."""
+OPTION_KEYWORDS = {
+    "clip_eps_high": ("clip_eps_high",),
+    "dual_clip": ("dual_clip",),
+    "counts": ("norm_constant", "token_count", "row_count"),
+}
+"""``policy_loss_options`` value -> the keywords a case uses it by (the option a case needs is
+read off its inputs)."""
+CHOICES: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "group_advantages": (("group_methods", "method", "grpo"), ("group_std_scopes", "std_scope", "group")),
+    "kl_loss": (("kl_loss_estimators", "estimator", "k1"),),
+    "rollout_correction": (("correction_levels", "level", "token"), ("correction_modes", "mode", "truncate")),
+}
+"""op -> (declared capability key, argument, default) narrowing the cases it can run."""
 
 
 def _param(case: Case) -> Any:
@@ -55,8 +73,18 @@ def _unsupported(ctx: Context, case: Case) -> str | None:
     c, inputs = ctx.conventions, case.inputs
     if case.op in ("kl_penalty", "token_rewards") and inputs.get("estimator", "k1") not in c.kl_estimators:
         return f"estimator {inputs.get('estimator', 'k1')!r} (declared kl_estimators excludes it)"
-    if case.op == "policy_loss" and inputs.get("loss_agg", "token-mean") not in c.loss_aggregations:
+    if case.op in LOSS_OPS and inputs.get("loss_agg", "token-mean") not in c.loss_aggregations:
         return f"loss_agg {inputs.get('loss_agg', 'token-mean')!r} (declared loss_aggregations excludes it)"
+    for option, keywords in OPTION_KEYWORDS.items():
+        used = [k for k in keywords if inputs.get(k) is not None]
+        if case.op in LOSS_OPS | {"gspo_loss"} and used and option not in c.policy_loss_options:
+            return f"the keyword {used[0]} (declared policy_loss_options excludes {option!r})"
+    if case.op == "value_loss" and "loss_agg" in inputs and "counts" not in c.policy_loss_options:
+        return "value_loss's loss_agg keyword (declared policy_loss_options excludes 'counts')"
+    for key, argument, default in CHOICES.get(case.op, ()):
+        value = inputs.get(argument, default)
+        if value not in getattr(c, key):
+            return f"{argument} {value!r} (declared {key} excludes it)"
     if case.op == "value_loss":
         mode = "unclipped" if inputs.get("clip_eps") is None else "clipped"
         if mode not in c.value_clip_modes:
@@ -142,7 +170,8 @@ def test_hand_case(ctx: Context, case: Case) -> None:
     kept = [
         name
         for name in case.expected
-        if _output(case.op, result, name) is not None or name not in OPTIONAL_OUTPUTS | declared_none
+        if _output(case.op, result, name) is not None
+        or name not in OPTIONAL_OUTPUTS | declared_none | OPTIONAL_BY_OP.get(case.op, frozenset())
     ]
     if not kept and case.grad is None:
         pytest.skip(f"not provided: the result has none of the outputs {sorted(case.expected)}")

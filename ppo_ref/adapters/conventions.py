@@ -10,8 +10,13 @@ plain reference. Anything not declared must match the reference: an undeclared d
 An unknown key or an invalid value is itself a failure (:func:`convention_problems`).
 
 Some keys narrow what is checked instead of changing a formula (``kl_estimators``,
-``loss_aggregations``, ``value_clip_modes``, ``gae_bootstrap="none"``, ``clipfrac=None``,
-``approx_kl=None``): the checks that need the missing capability are skipped as "not provided".
+``loss_aggregations``, ``policy_loss_options``, ``value_clip_modes``, ``gae_bootstrap="none"``,
+``clipfrac=None``, ``approx_kl=None``, and for the PPO-family ops ``group_methods``,
+``group_std_scopes``, ``kl_loss_estimators``, ``correction_levels``, ``correction_modes``): the
+checks that need the missing capability are skipped as "not provided". Features added to an
+existing op after third-party adapters were written (the ``seq-mean-token-sum-norm`` mode, the
+``clip_eps_high``, ``dual_clip`` and count keywords) are such capabilities, so an adapter that
+predates them declares their absence and keeps its verdicts.
 
 Every variant is built from the :mod:`ppo_ref` functions; with no convention declared, each op of
 the variant *is* the reference call.
@@ -33,9 +38,17 @@ from ppo_ref.kl import last_action_index
 from ppo_ref.masked import WHITEN_EPS
 
 __all__ = [
+    "CISPO_BOUNDS",
     "CONVENTIONS",
+    "CORRECTION_LEVELS",
+    "CORRECTION_MODES",
+    "GROUP_METHODS",
+    "GROUP_SINGLETONS",
+    "GROUP_STD_SCOPES",
     "KL_ESTIMATORS",
+    "KL_LOSS_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "POLICY_LOSS_OPTIONS",
     "Convention",
     "ConventionError",
     "ConventionSet",
@@ -43,10 +56,27 @@ __all__ = [
     "VariantPolicyLoss",
     "convention_problems",
     "parse_conventions",
+    "singleton_rows",
 ]
 
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
-LOSS_AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_AGGREGATIONS: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
+POLICY_LOSS_OPTIONS: tuple[str, ...] = ("clip_eps_high", "dual_clip", "counts")
+"""Keywords of ``policy_loss`` (and, for ``counts``, of every loss op) an adapter may lack:
+``clip_eps_high`` (CLIP-1), ``dual_clip`` (CLIP-2), ``counts`` (``norm_constant``, ``token_count``,
+``row_count``, and ``value_loss``'s ``loss_agg``: AGG-1..3)."""
+GROUP_METHODS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
+GROUP_STD_SCOPES: tuple[str, ...] = ("group", "batch", "none")
+GROUP_SINGLETONS: tuple[str, ...] = ("zero", "raw-score", "unguarded")
+CISPO_BOUNDS: tuple[str, ...] = ("offsets", "absolute-cap")
+KL_LOSS_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "k3+")
+CORRECTION_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-geometric")
+CORRECTION_MODES: tuple[str, ...] = ("truncate", "mask")
 POLICY_STATISTICS: tuple[str, ...] = ("clipfrac", "approx_kl")
 VALUE_CLIP_MODES: tuple[str, ...] = ("clipped", "unclipped")
 
@@ -97,6 +127,16 @@ def _subset(options: tuple[str, ...], allow_empty: bool) -> Callable[[object], o
     return parse
 
 
+def _optional_number(value: object) -> object:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"expected None or a finite number >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"expected a number >= 0, got {value!r}")
+    return float(value)
+
+
 def _kl_clamp(value: object) -> object:
     if value is None:
         return MappingProxyType({})
@@ -137,7 +177,34 @@ def _statistic_clauses(statistics: object) -> tuple[str, ...]:
     return (*(by_name[s] for s in sorted(names)), "IN-1")
 
 
+def _missing(
+    options: tuple[str, ...], by_option: Mapping[str, tuple[str, ...]]
+) -> Callable[[object], tuple[str, ...]]:
+    """Clauses of the options a declared subset leaves out (a narrowing key touches only those)."""
+
+    def clauses(value: object) -> tuple[str, ...]:
+        kept = set(value) if isinstance(value, Iterable) and not isinstance(value, str) else set(options)
+        return tuple(dict.fromkeys(c for option in options if option not in kept for c in by_option[option]))
+
+    return clauses
+
+
 _ALL_KL = frozenset(KL_ESTIMATORS)
+_AGGREGATION_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "token-mean": ("PG-2",),
+        "seq-mean-token-mean": ("PG-2",),
+        "seq-mean-token-sum": ("PG-2",),
+        "seq-mean-token-sum-norm": ("AGG-1",),
+    }
+)
+_OPTION_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "clip_eps_high": ("CLIP-1", "CLIP-3"),
+        "dual_clip": ("CLIP-2", "CLIP-3"),
+        "counts": ("AGG-1", "AGG-2", "AGG-3"),
+    }
+)
 
 CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
     {
@@ -251,11 +318,109 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
             Convention(
                 "loss_aggregations",
                 frozenset(LOSS_AGGREGATIONS),
-                "a non-empty collection of 'token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum'",
-                "the loss_agg modes policy_loss accepts; the others are not provided",
-                "OpenRLHF PolicyLoss (token-level only)",
+                "a non-empty collection of 'token-mean', 'seq-mean-token-mean', 'seq-mean-token-sum', "
+                "'seq-mean-token-sum-norm'",
+                "the loss_agg modes the loss ops accept (policy_loss, and value_loss, cispo_loss, kl_loss "
+                "where provided); the others are not provided",
+                "OpenRLHF PolicyLoss (token-level only); every adapter written before "
+                "seq-mean-token-sum-norm (AGG-1) joined the reference",
                 _subset(LOSS_AGGREGATIONS, allow_empty=False),
-                _static("PG-2"),
+                _missing(LOSS_AGGREGATIONS, _AGGREGATION_CLAUSES),
+            ),
+            Convention(
+                "policy_loss_options",
+                frozenset(POLICY_LOSS_OPTIONS),
+                "a collection of 'clip_eps_high', 'dual_clip', 'counts' (may be empty)",
+                "the keywords policy_loss accepts beyond the contract's first signature: clip_eps_high "
+                "(asymmetric clip, CLIP-1), dual_clip (CLIP-2), counts (norm_constant, token_count, "
+                "row_count for every loss op, and value_loss's loss_agg; AGG-1..3); the others are "
+                "not provided",
+                "every third-party adapter written before CLIP-1..3 and AGG-1..3 (their wrappers take "
+                "none of these keywords)",
+                _subset(POLICY_LOSS_OPTIONS, allow_empty=True),
+                _missing(POLICY_LOSS_OPTIONS, _OPTION_CLAUSES),
+            ),
+            Convention(
+                "group_methods",
+                frozenset(GROUP_METHODS),
+                "a non-empty collection of 'grpo', 'dr_grpo', 'rloo'",
+                "the methods group_advantages accepts; the others are not provided",
+                "TRL GRPOTrainer (grpo; dr_grpo is scale_rewards='none'), TRL RLOOTrainer (rloo)",
+                _subset(GROUP_METHODS, allow_empty=False),
+                _missing(GROUP_METHODS, dict.fromkeys(GROUP_METHODS, ("GRP-1",))),
+            ),
+            Convention(
+                "group_std_scopes",
+                frozenset(GROUP_STD_SCOPES),
+                "a non-empty collection of 'group', 'batch', 'none'",
+                "the std_scope values group_advantages accepts for grpo; the others are not provided",
+                "batch: TRL scale_rewards='batch' only; verl and OpenRLHF divide by the group's std",
+                _subset(GROUP_STD_SCOPES, allow_empty=False),
+                _missing(GROUP_STD_SCOPES, dict.fromkeys(GROUP_STD_SCOPES, ("GRP-2",))),
+            ),
+            Convention(
+                "group_std_eps",
+                None,
+                "None (eps honoured as passed) or a number >= 0",
+                "grpo divides by std + this fixed epsilon whatever eps is passed (it decides the "
+                "advantages of near-constant groups)",
+                "TRL GRPOTrainer 1e-4; verl compute_grpo_outcome_advantage and skyrl-train 1e-6; "
+                "OpenRLHF group_norm 1e-9",
+                _optional_number,
+                _static("GRP-2"),
+            ),
+            Convention(
+                "group_singleton",
+                "zero",
+                "'zero', 'raw-score' or 'unguarded'",
+                "a group of one sample: A = 0 (zero); its mean taken as 0 and its std as 1, so "
+                "A = r (grpo: r / (1 + eps); raw-score); no guard, A = NaN from 0/0 (unguarded)",
+                "raw-score: verl compute_grpo_outcome_advantage and compute_rloo_outcome_advantage, "
+                "skyrl-train grpo; unguarded: OpenRLHF rloo and group_norm (divide by n - 1 = 0)",
+                _choice(*GROUP_SINGLETONS),
+                _static("GRP-3"),
+            ),
+            Convention(
+                "cispo_bounds",
+                "offsets",
+                "'offsets' or 'absolute-cap'",
+                "how cispo_loss reads its bounds: [1 - clip_low, 1 + clip_high] (offsets), or the "
+                "absolute cap min(rho, clip_high) with no lower bound and clip_low ignored (absolute-cap)",
+                "offsets: verl compute_policy_loss_cispo, skyrl-train (0.3.1's defaults 0 and 5 give "
+                "[1, 6], fixed in SkyRL PR #1928); absolute-cap: TRL GRPOTrainer loss_type='cispo' "
+                "(clamp(max=epsilon_high))",
+                _choice(*CISPO_BOUNDS),
+                _static("CISPO-1", "CISPO-2"),
+            ),
+            Convention(
+                "kl_loss_estimators",
+                frozenset(KL_LOSS_ESTIMATORS),
+                "a non-empty collection of 'k1', 'k2', 'k3', 'k3+'",
+                "the estimators kl_loss accepts; the others are not provided",
+                "TRL GRPOTrainer (k3 only); OpenRLHF (k1, k2, k3)",
+                _subset(KL_LOSS_ESTIMATORS, allow_empty=False),
+                _missing(KL_LOSS_ESTIMATORS, dict.fromkeys(KL_LOSS_ESTIMATORS, ("KLL-1", "KLL-2"))),
+            ),
+            Convention(
+                "correction_levels",
+                frozenset(CORRECTION_LEVELS),
+                "a non-empty collection of 'token', 'sequence', 'sequence-geometric'",
+                "the levels rollout_correction accepts; the others are not provided",
+                "TRL vllm_importance_sampling (token, sequence); OpenRLHF (token)",
+                _subset(CORRECTION_LEVELS, allow_empty=False),
+                _missing(
+                    CORRECTION_LEVELS,
+                    {"token": ("IS-1",), "sequence": ("IS-2",), "sequence-geometric": ("IS-2",)},
+                ),
+            ),
+            Convention(
+                "correction_modes",
+                frozenset(CORRECTION_MODES),
+                "a non-empty collection of 'truncate', 'mask'",
+                "the modes rollout_correction accepts; the others are not provided",
+                "TIS-only libraries (truncate)",
+                _subset(CORRECTION_MODES, allow_empty=False),
+                _missing(CORRECTION_MODES, dict.fromkeys(CORRECTION_MODES, ("IS-1",))),
             ),
             Convention(
                 "value_loss_scale",
@@ -320,6 +485,15 @@ class ConventionSet:
     dual_clip: float | None = None
     log_ratio_clamp: float | None = None
     loss_aggregations: frozenset[str] = frozenset(LOSS_AGGREGATIONS)
+    policy_loss_options: frozenset[str] = frozenset(POLICY_LOSS_OPTIONS)
+    group_methods: frozenset[str] = frozenset(GROUP_METHODS)
+    group_std_scopes: frozenset[str] = frozenset(GROUP_STD_SCOPES)
+    group_std_eps: float | None = None
+    group_singleton: str = "zero"
+    cispo_bounds: str = "offsets"
+    kl_loss_estimators: frozenset[str] = frozenset(KL_LOSS_ESTIMATORS)
+    correction_levels: frozenset[str] = frozenset(CORRECTION_LEVELS)
+    correction_modes: frozenset[str] = frozenset(CORRECTION_MODES)
     value_loss_scale: float = 0.5
     value_clip_form: str = "max"
     value_clip_modes: frozenset[str] = frozenset(VALUE_CLIP_MODES)
@@ -393,6 +567,15 @@ class VariantPolicyLoss:
     ratio_outside_frac: Tensor
     ratio_mean: Tensor
     ratio_max: Tensor
+    dual_clip_frac: Tensor
+
+
+def singleton_rows(group_ids: Tensor) -> Tensor:
+    """Bool (B,): the rows whose group (equal ``group_ids``) has a single member (GRP-3)."""
+    unique: tuple[Tensor, Tensor, Tensor] = torch.unique(group_ids, return_inverse=True, return_counts=True)
+    _, inverse, counts = unique
+    alone: Tensor = counts[inverse] == 1
+    return alone
 
 
 def _bool_mask(mask: Tensor) -> Tensor:
@@ -488,17 +671,24 @@ class ReferenceVariant:
         mask: Tensor,
         clip_eps: float,
         loss_agg: str = "token-mean",
+        **options: Any,
     ) -> VariantPolicyLoss:
         """PG-1..6 with ``log_ratio_clamp``, ``dual_clip``, ``clipfrac``, ``approx_kl`` and
-        ``unmasked_statistics`` applied."""
+        ``unmasked_statistics`` applied; ``options`` are the keywords of ``ppo_ref.policy_loss``
+        (``clip_eps_high``, ``dual_clip``, ``norm_constant``, ``token_count``, ``row_count``;
+        CLIP-1..3, AGG-1..3), passed through (a declared always-on ``dual_clip`` is the default
+        of the keyword)."""
         c = self.conventions
         keep = _bool_mask(mask)
         if c.log_ratio_clamp is not None:  # same graph in logp, clamped: old + clamp(logp - old)
             log_ratio = torch.where(keep, logp - old_logp, torch.zeros((), dtype=logp.dtype))
             logp = old_logp + log_ratio.clamp(-c.log_ratio_clamp, c.log_ratio_clamp)
-        result = ppo_ref.policy_loss(logp, old_logp, advantages, keep, clip_eps, loss_agg=loss_agg)
+        options = {k: v for k, v in options.items() if v is not None}
+        if options:
+            options.setdefault("dual_clip", c.dual_clip)
+        result = ppo_ref.policy_loss(logp, old_logp, advantages, keep, clip_eps, loss_agg=loss_agg, **options)
         loss = result.loss
-        if c.dual_clip is not None:
+        if c.dual_clip is not None and not options:
             loss = -ppo_ref.aggregate_loss(
                 _dual_clip_objective(logp, old_logp, advantages, keep, clip_eps, c.dual_clip), keep, loss_agg
             )
@@ -518,7 +708,13 @@ class ReferenceVariant:
         if approx_kl is not None and "approx_kl" in c.unmasked_statistics:
             approx_kl = approx_kl * dilution
         return VariantPolicyLoss(
-            loss, clipfrac, approx_kl, result.ratio_outside_frac, result.ratio_mean, result.ratio_max
+            loss,
+            clipfrac,
+            approx_kl,
+            result.ratio_outside_frac,
+            result.ratio_mean,
+            result.ratio_max,
+            result.dual_clip_frac,
         )
 
     def value_loss(
@@ -528,11 +724,17 @@ class ReferenceVariant:
         returns: Tensor,
         mask: Tensor,
         clip_eps: float | None = None,
+        loss_agg: str | None = None,
+        **counts: Any,
     ) -> Tensor:
-        """VF-1, VF-2 with ``value_loss_scale``, ``value_clip_form`` and ``value_loss_agg`` applied."""
+        """VF-1, VF-2 with ``value_loss_scale``, ``value_clip_form`` and ``value_loss_agg`` applied;
+        ``loss_agg`` (None: the declared ``value_loss_agg``) and ``counts`` (``norm_constant``,
+        ``token_count``, ``row_count``) as in ``ppo_ref.value_loss`` (AGG-1..3)."""
         c = self.conventions
-        if (c.value_loss_scale, c.value_clip_form, c.value_loss_agg) == (0.5, "max", "token-mean"):
-            return ppo_ref.value_loss(values, old_values, returns, mask, clip_eps=clip_eps)
+        counts = {k: v for k, v in counts.items() if v is not None}
+        agg = c.value_loss_agg if loss_agg is None else loss_agg
+        if (c.value_loss_scale, c.value_clip_form) == (0.5, "max") and (agg == "token-mean" or counts):
+            return ppo_ref.value_loss(values, old_values, returns, mask, clip_eps, agg, **counts)
         keep = _bool_mask(mask)
         dtype = torch.promote_types(torch.promote_types(values.dtype, old_values.dtype), returns.dtype)
         zero = torch.zeros((), dtype=torch.promote_types(dtype, torch.float32))
@@ -541,7 +743,63 @@ class ReferenceVariant:
         if clip_eps is not None:
             clipped = (v_old + torch.clamp(v - v_old, -clip_eps, clip_eps) - target) ** 2
             per_token = clipped if c.value_clip_form == "clipped-only" else torch.maximum(per_token, clipped)
-        return c.value_loss_scale * ppo_ref.aggregate_loss(per_token, keep, c.value_loss_agg)
+        return c.value_loss_scale * ppo_ref.aggregate_loss(per_token, keep, agg, **counts)
+
+    # --- the PPO family (GRP, AGG, GSPO, CISPO, KLL, IS) ---
+
+    aggregate_loss = staticmethod(ppo_ref.aggregate_loss)
+    gspo_loss = staticmethod(ppo_ref.gspo_loss)
+    kl_loss = staticmethod(ppo_ref.kl_loss)
+    rollout_correction = staticmethod(ppo_ref.rollout_correction)
+
+    def group_advantages(
+        self,
+        scores: Tensor,
+        group_ids: Tensor,
+        method: str = "grpo",
+        *,
+        std_scope: str = "group",
+        eps: float = 1e-6,
+        singleton: str = "zero",
+    ) -> Tensor:
+        """GRP-1..4 with ``group_std_eps`` (a fixed epsilon replaces ``eps``) and ``group_singleton``
+        (a group of one: its mean read as 0 and its std as 1, or NaN from 0/0)."""
+        c = self.conventions
+        epsilon = eps if c.group_std_eps is None else c.group_std_eps
+        advantages = ppo_ref.group_advantages(
+            scores, group_ids, method, std_scope=std_scope, eps=epsilon, singleton=singleton
+        )
+        if c.group_singleton == "zero" or singleton != "zero":
+            return advantages
+        alone = singleton_rows(group_ids)
+        raw = scores.to(advantages.dtype)
+        if c.group_singleton == "unguarded":
+            value = torch.full_like(raw, math.nan)
+        elif method == "grpo" and std_scope == "group":
+            value = raw / (1.0 + epsilon)
+        elif method == "grpo" and std_scope == "batch":
+            spread = raw.std() if raw.numel() > 1 else torch.zeros((), dtype=raw.dtype)
+            value = raw / (spread + epsilon)  # (r - 0) / (the batch's std + eps)
+        else:
+            value = raw
+        return torch.where(alone, value, advantages)
+
+    def cispo_loss(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        clip_low: float,
+        clip_high: float,
+        loss_agg: str = "token-mean",
+        **counts: Any,
+    ) -> Any:
+        """CISPO-1, CISPO-2; ``cispo_bounds='absolute-cap'`` reads ``clip_high`` as the cap itself
+        (the reference offsets clip_low = 1, clip_high - 1: no lower bound, cap at clip_high)."""
+        if self.conventions.cispo_bounds == "absolute-cap":
+            clip_low, clip_high = 1.0, clip_high - 1.0
+        return ppo_ref.cispo_loss(logp, old_logp, advantages, mask, clip_low, clip_high, loss_agg, **counts)
 
 
 def _dual_clip_objective(

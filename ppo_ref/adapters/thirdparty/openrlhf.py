@@ -70,6 +70,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "log_ratio_clamp": 20.0,
         "approx_kl": "k1",
         "loss_aggregations": ["token-mean", "seq-mean-token-mean"],
+        "policy_loss_options": [],
     }
 )
 """OpenRLHF's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
@@ -88,6 +89,9 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "loss_aggregations": "openrlhf/cli/train_ppo_ray.py --actor.loss_agg_mode choices "
         "['token-mean', 'seq-mean-token-mean'], mapped to PolicyLoss(token_level_loss=...) in "
         "openrlhf/trainer/ray/ppo_actor.py; openrlhf/models/loss.py aggregate_loss",
+        "policy_loss_options": "openrlhf/models/loss.py PolicyLoss(clip_eps_low, clip_eps_high, dual_clip, "
+        "...): this adapter predates CLIP-1..3 and AGG-1..3 and wires none of clip_eps_high, dual_clip, "
+        "norm_constant, token_count, row_count: not provided",
     }
 )
 """Where each declared convention shows in OpenRLHF's code."""

@@ -114,6 +114,7 @@ class SB3Adapter:
             "loss_aggregations": ("token-mean",),
             "value_loss_scale": 1.0,
             "value_clip_form": "clipped-only",
+            "policy_loss_options": (),
         }
     )
     not_provided: Mapping[str, str] = NOT_PROVIDED
@@ -141,6 +142,8 @@ class SB3Adapter:
                 "value_clip_form": "values_pred = old_values + th.clamp(values - old_values, "
                 "-clip_range_vf, clip_range_vf), the clipped prediction only (no max), PPO.train, "
                 f"{self._where('value_loss')}",
+                "policy_loss_options": "PPO.train has one symmetric clip_range, no dual clip and no "
+                f"whole-batch counts (the minibatch mean): {self._where('policy_loss')}",
             }
         )
         blocks = "; ".join(f"{key} = {self._where(key)}" for key in BLOCKS)

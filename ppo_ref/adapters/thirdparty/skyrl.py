@@ -70,6 +70,8 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "log_ratio_clamp": 20.0,
         "approx_kl": None,
         "value_loss_agg": "seq-mean-token-mean",
+        "loss_aggregations": ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
+        "policy_loss_options": [],
     }
 )
 """skyrl-train's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
@@ -90,6 +92,12 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "no approx-KL",
         "value_loss_agg": "skyrl_train/utils/ppo_utils.py ppo_critic_loss: "
         "`loss = masked_mean(loss, loss_mask, dim=-1).mean()` (per-row token means, then the mean over rows)",
+        "loss_aggregations": "skyrl_train/utils/ppo_utils.py reduce_loss: this adapter maps the three modes "
+        "of PG-2 (LOSS_REDUCTIONS); 'seq_mean_token_sum_norm' divides by max_seq_len, which the adapter does "
+        "not wire as norm_constant, so AGG-1 is not provided",
+        "policy_loss_options": "skyrl_train/utils/ppo_utils.py ppo_policy_loss reads eps_clip_low/high and "
+        "clip_ratio_c from its config; this adapter predates CLIP-1..3 and AGG-1..3 and wires none of "
+        "clip_eps_high, dual_clip, norm_constant, token_count, row_count: not provided",
     }
 )
 """Where each declared convention shows in skyrl-train's code."""

@@ -87,6 +87,7 @@ class TorchRLAdapter:
             "loss_aggregations": ("token-mean",),
             "value_loss_scale": 1.0,
             "kl_estimators": ("k1",),
+            "policy_loss_options": (),
         }
     )
     convention_sources: Mapping[str, str] = MappingProxyType(
@@ -103,6 +104,9 @@ class TorchRLAdapter:
             "critic_coeff=1 (the default 'smooth_l1' is a Huber loss)",
             "kl_estimators": "kl = gen_lp - ref_lp only, torchrl/envs/llm/transforms/kl.py "
             "KLComputation._step",
+            "policy_loss_options": "torchrl/objectives/ppo.py ClipPPOLoss(clip_epsilon=...): this adapter "
+            "predates CLIP-1..3 and AGG-1..3 and wires none of clip_eps_high, dual_clip, norm_constant, "
+            "token_count, row_count: not provided",
         }
     )
     not_provided: Mapping[str, str] = NOT_PROVIDED

@@ -156,6 +156,7 @@ class TrlAdapter:
                 "kl_estimators": ("k1", "k3"),
                 "loss_aggregations": ("token-mean",),
                 "value_clip_modes": ("clipped",),
+                "policy_loss_options": (),
             }
         )
         self.convention_sources: Mapping[str, str] = MappingProxyType(self._convention_sources())
@@ -190,6 +191,8 @@ class TrlAdapter:
             f"{self._where('policy_loss')}",
             "value_clip_modes": "vpredclipped = clamp(vpred, values - cliprange_value, "
             f"values + cliprange_value), always applied: {self._where('value_loss')}",
+            "policy_loss_options": "PPOTrainer.train has one symmetric cliprange, no dual clip and no "
+            f"whole-batch counts (the micro-batch's masked_mean): {self._where('policy_loss')}",
         }
 
     def _provenance(self) -> str:

@@ -51,6 +51,8 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "approx_kl": "k1",
         "kl_clamp": {"k3": 10.0},
         "value_clip_modes": ["clipped"],
+        "loss_aggregations": ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
+        "policy_loss_options": [],
     }
 )
 """verl's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
@@ -75,6 +77,13 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "value_clip_modes": "verl/trainer/ppo/core_algos.py compute_value_loss(vpreds, returns, values, "
         "response_mask, cliprange_value, ...): cliprange_value is required and always applied; verl has no "
         "unclipped value loss",
+        "loss_aggregations": "verl/trainer/ppo/core_algos.py agg_loss: its 'seq-mean-token-sum-norm' "
+        "divides by loss_scale_factor, defaulting to loss_mask.shape[-1] (the padded width, verl #3741); "
+        "this adapter maps only the three modes of PG-2, so AGG-1 is not provided",
+        "policy_loss_options": "verl/trainer/ppo/core_algos.py compute_policy_loss_vanilla has "
+        "clip_ratio_low/high, clip_ratio_c and global batch counts in its config; this adapter predates "
+        "CLIP-1..3 and AGG-1..3 and wires none of clip_eps_high, dual_clip (verl's is always on: the "
+        "dual_clip convention), norm_constant, token_count, row_count: not provided",
     }
 )
 """Where each declared convention shows in verl's code."""

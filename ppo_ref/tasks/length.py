@@ -14,8 +14,7 @@ from collections.abc import Sequence
 
 from ppo_ref.tasks._checks import check_prompts_responses, check_seed
 from ppo_ref.tasks.base import Task
-from ppo_ref.tasks.models import build_policy, sft_warmup, tiny_gpt2_config
-from ppo_ref.tasks.tokenizer import build_char_tokenizer
+from ppo_ref.tasks.char_task import build_char_task
 
 __all__ = [
     "TARGET_WORDS",
@@ -97,19 +96,12 @@ def _sft_texts(prompts: Sequence[str], count: int, rng: random.Random) -> list[s
 
 def build_length(seed: int, sft_steps: int = 400, sft_batch_size: int = 32, sft_lr: float = 6e-3) -> Task:
     """A tiny GPT-2 warmed up on 2-8 word answers, rewarded by :func:`word_count_reward`."""
-    check_seed(seed)
-    tokenizer = build_char_tokenizer()
-    train_prompts, eval_prompts = length_prompts(seed)
-    policy = build_policy(tiny_gpt2_config(tokenizer), seed)
-    texts = _sft_texts(train_prompts, 4096, random.Random(f"length/sft/{seed}"))
-    sft_warmup(policy, tokenizer, texts, steps=sft_steps, lr=sft_lr, seed=seed, batch_size=sft_batch_size)
-    return Task(
-        name="length",
-        tokenizer=tokenizer,
-        policy=policy,
-        train_prompts=train_prompts,
-        eval_prompts=eval_prompts,
-        reward_function=word_count_reward,
-        well_formed=length_well_formed,
-        config_overrides={"max_new_tokens": MAX_NEW_TOKENS},
-    )
+
+    def sft_texts(train_prompts: Sequence[str]) -> list[str]:
+        return _sft_texts(train_prompts, 4096, random.Random(f"length/sft/{seed}"))
+
+    prompts = length_prompts(seed)
+    return build_char_task(
+        "length", seed, prompts, sft_texts, word_count_reward, length_well_formed, MAX_NEW_TOKENS,
+        sft_steps, sft_batch_size, sft_lr,
+    )  # fmt: skip

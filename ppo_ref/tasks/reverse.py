@@ -13,8 +13,7 @@ from collections.abc import Sequence
 
 from ppo_ref.tasks._checks import check_prompts_responses, check_seed
 from ppo_ref.tasks.base import Task
-from ppo_ref.tasks.models import build_policy, sft_warmup, tiny_gpt2_config
-from ppo_ref.tasks.tokenizer import build_char_tokenizer
+from ppo_ref.tasks.char_task import build_char_task
 
 __all__ = [
     "DIGIT_COUNT",
@@ -79,22 +78,15 @@ def noisy_answer(prompt: str, rng: random.Random, error_rate: float = SFT_ERROR_
 
 def build_reverse(seed: int, sft_steps: int = 400, sft_batch_size: int = 32, sft_lr: float = 3e-3) -> Task:
     """A tiny GPT-2 warmed up on noisy reversals, rewarded by :func:`exact_match_reward`."""
-    check_seed(seed)
-    tokenizer = build_char_tokenizer()
-    train_prompts, eval_prompts = reverse_prompts(seed)
-    policy = build_policy(tiny_gpt2_config(tokenizer), seed)
-    rng = random.Random(f"reverse/sft/{seed}")
-    texts = [
-        prompt + noisy_answer(prompt, rng) for prompt in (rng.choice(train_prompts) for _ in range(8192))
-    ]
-    sft_warmup(policy, tokenizer, texts, steps=sft_steps, lr=sft_lr, seed=seed, batch_size=sft_batch_size)
-    return Task(
-        name="reverse",
-        tokenizer=tokenizer,
-        policy=policy,
-        train_prompts=train_prompts,
-        eval_prompts=eval_prompts,
-        reward_function=exact_match_reward,
-        well_formed=reverse_well_formed,
-        config_overrides={"max_new_tokens": MAX_NEW_TOKENS},
-    )
+
+    def sft_texts(train_prompts: Sequence[str]) -> list[str]:
+        rng = random.Random(f"reverse/sft/{seed}")
+        return [
+            prompt + noisy_answer(prompt, rng) for prompt in (rng.choice(train_prompts) for _ in range(8192))
+        ]
+
+    prompts = reverse_prompts(seed)
+    return build_char_task(
+        "reverse", seed, prompts, sft_texts, exact_match_reward, reverse_well_formed, MAX_NEW_TOKENS,
+        sft_steps, sft_batch_size, sft_lr,
+    )  # fmt: skip

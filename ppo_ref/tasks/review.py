@@ -22,15 +22,13 @@ import torch
 
 from ppo_ref.tasks._checks import check_prompts_responses, check_seed, check_texts
 from ppo_ref.tasks.base import Task
+from ppo_ref.tasks.char_task import build_char_task
 from ppo_ref.tasks.models import (
-    build_policy,
     build_reward_model,
     reward_model_scores,
-    sft_warmup,
     tiny_gpt2_config,
     train_reward_model,
 )
-from ppo_ref.tasks.tokenizer import build_char_tokenizer
 
 __all__ = [
     "DETERMINERS",
@@ -184,22 +182,15 @@ def build_positive_review(
     seed: int, sft_steps: int = 400, sft_batch_size: int = 32, sft_lr: float = 6e-3
 ) -> Task:
     """The default task: a tiny GPT-2 warmed up on neutral reviews, rewarded by :func:`sentiment_score`."""
-    check_seed(seed)
-    tokenizer = build_char_tokenizer()
-    train_prompts, eval_prompts = review_prompts(seed)
-    policy = build_policy(tiny_gpt2_config(tokenizer), seed)
-    texts = _sft_texts(train_prompts, 4096, random.Random(f"positive-review/sft/{seed}"))
-    sft_warmup(policy, tokenizer, texts, steps=sft_steps, lr=sft_lr, seed=seed, batch_size=sft_batch_size)
-    return Task(
-        name="positive-review",
-        tokenizer=tokenizer,
-        policy=policy,
-        train_prompts=train_prompts,
-        eval_prompts=eval_prompts,
-        reward_function=sentiment_score,
-        well_formed=review_well_formed,
-        config_overrides={"max_new_tokens": MAX_NEW_TOKENS},
-    )
+
+    def sft_texts(train_prompts: Sequence[str]) -> list[str]:
+        return _sft_texts(train_prompts, 4096, random.Random(f"positive-review/sft/{seed}"))
+
+    prompts = review_prompts(seed)
+    return build_char_task(
+        "positive-review", seed, prompts, sft_texts, sentiment_score, review_well_formed, MAX_NEW_TOKENS,
+        sft_steps, sft_batch_size, sft_lr,
+    )  # fmt: skip
 
 
 def build_positive_review_rm(

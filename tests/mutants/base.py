@@ -21,6 +21,11 @@ __all__ = ["MutantAdapter", "MutantSpec", "bool_mask", "ratio_and_advantages", "
 
 Inputs = Callable[[], dict[str, Any]]
 
+CLAUSE_ID = re.compile(r"[A-Z]{2,6}-\d+")
+"""A spec clause id: ``GAE-2``, ``GRP-3``, ``CISPO-1``."""
+BUG_ID = re.compile(rf"[A-G]\d+[a-z]?|[A-Za-z][A-Za-z0-9_.-]*?(-PR)?#\d+|{CLAUSE_ID.pattern}")
+"""``MutantSpec.bug``: a known-bugs row id, ``<project>#<n>`` / ``<project>-PR#<n>``, or a clause id."""
+
 
 @dataclass(frozen=True)
 class MutantSpec:
@@ -28,7 +33,11 @@ class MutantSpec:
 
     Attributes:
         name: short id, ``<bug>-<what>`` (the adapter is named ``mutant:<name>``).
-        bug: the row id in ``known-bugs.md`` (``A1``, ``C8``, ...).
+        bug: where the bug comes from, in one of three forms: a row id of the bug catalogue
+            ``known-bugs.md`` (``A1``, ``C8``, ``D6b``); an upstream issue or pull request,
+            ``<project>#<number>`` or ``<project>-PR#<number>`` (``verl#7321``, ``TRL#3823``,
+            ``SkyRL-PR#1928``, ``ms-swift#10117``); or the id of the spec clause whose stated
+            pitfall it is, for a mistake the clause names without an upstream report (``GRP-2``).
         op: the adapter op the bug lives in.
         description: one line: the mistake, in the words of the code.
         trigger: None when the bug shows on nearly every input; otherwise the inputs that expose it
@@ -37,6 +46,7 @@ class MutantSpec:
         shows_on: keyword arguments of ``op`` on which the mutant disagrees with ``mine``.
         hides_on: for a mutant with a trigger, keyword arguments without the trigger on which it
             agrees with ``mine`` (as close to ``shows_on`` as possible).
+        clause: the spec clause whose statement the bug breaks (``GRP-3``), where recorded.
     """
 
     name: str
@@ -47,10 +57,16 @@ class MutantSpec:
     function: Callable[..., Any]
     shows_on: Inputs
     hides_on: Inputs | None = None
+    clause: str | None = None
 
     def __post_init__(self) -> None:
-        if not re.fullmatch(r"[A-G]\d+[a-z]?", self.bug):
-            raise ValueError(f"bug: expected a known-bugs row id such as 'C8', got {self.bug!r}")
+        if not BUG_ID.fullmatch(self.bug):
+            raise ValueError(
+                "bug: expected a known-bugs row id ('C8'), an upstream reference ('verl#7321', "
+                f"'SkyRL-PR#1928') or a spec clause id ('GRP-2'), got {self.bug!r}"
+            )
+        if self.clause is not None and not CLAUSE_ID.fullmatch(self.clause):
+            raise ValueError(f"clause: expected a spec clause id such as 'GRP-3', got {self.clause!r}")
         if (self.trigger is None) != (self.hides_on is None):
             raise ValueError(f"{self.name}: a trigger and a hiding input go together")
 
@@ -79,7 +95,7 @@ class MutantAdapter:
         self.spec = spec
         self.name = f"mutant:{spec.name}"
         self.version = mine.version
-        self.provenance = f"{mine.provenance}; except {spec.op}: {spec.description} (known-bugs {spec.bug})"
+        self.provenance = f"{mine.provenance}; except {spec.op}: {spec.description} ({_source(spec.bug)})"
         self.ops: frozenset[str] = mine.ops
         self.conventions: Mapping[str, object] = mine.conventions
         for op in mine.ops:
@@ -88,6 +104,15 @@ class MutantAdapter:
 
     def __repr__(self) -> str:
         return f"MutantAdapter({self.name!r})"
+
+
+def _source(bug: str) -> str:
+    """How the provenance cites a bug: its known-bugs row, upstream reference or spec clause."""
+    if "#" in bug:
+        return bug
+    if CLAUSE_ID.fullmatch(bug):
+        return f"spec {bug}"
+    return f"known-bugs {bug}"
 
 
 def bool_mask(mask: Tensor) -> Tensor:

@@ -8,14 +8,38 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from tests.mutants import gae_mutants, kl_mutants, logprob_mutants, policy_mutants, value_mutants
+from tests.mutants import (
+    aggregation_mutants,
+    correction_mutants,
+    family_loss_mutants,
+    gae_mutants,
+    group_mutants,
+    kl_loss_mutants,
+    kl_mutants,
+    logprob_mutants,
+    policy_mutants,
+    rpp_mutants,
+    value_mutants,
+)
 from tests.mutants.base import MutantSpec
 
 __all__ = ["FACTORIES", "MUTANTS"]
 
 MUTANTS: dict[str, MutantSpec] = {
     spec.name: spec
-    for module in (logprob_mutants, kl_mutants, gae_mutants, policy_mutants, value_mutants)
+    for module in (
+        logprob_mutants,
+        kl_mutants,
+        gae_mutants,
+        policy_mutants,
+        value_mutants,
+        group_mutants,
+        aggregation_mutants,
+        family_loss_mutants,
+        kl_loss_mutants,
+        correction_mutants,
+        rpp_mutants,
+    )
     for spec in module.SPECS
 }
 

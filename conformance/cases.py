@@ -59,13 +59,29 @@ OPS: frozenset[str] = frozenset(
         "update_penalty_beta",
         "adaptive_kl",
         "fixed_kl",
+        "group_advantages",
+        "aggregate_loss",
+        "gspo_loss",
+        "cispo_loss",
+        "kl_loss",
+        "rollout_correction",
     }
 )
 
 _MULTI_OUTPUTS: dict[str, tuple[str, ...]] = {
     "gae": ("advantages", "returns"),
-    "policy_loss": ("loss", "clipfrac", "ratio_outside_frac", "approx_kl", "ratio_mean", "ratio_max"),
+    "policy_loss": (
+        "loss",
+        "clipfrac",
+        "ratio_outside_frac",
+        "approx_kl",
+        "ratio_mean",
+        "ratio_max",
+        "dual_clip_frac",
+    ),
     "ppo_penalty_loss": ("loss", "kl"),
+    "gspo_loss": ("loss", "clipfrac", "ratio_mean", "ratio_max", "approx_kl"),
+    "cispo_loss": ("loss", "clipfrac", "ratio_mean", "ratio_max", "approx_kl"),
 }
 _TUPLE_OPS = frozenset({"gae"})
 
@@ -78,6 +94,7 @@ _DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 _CASE_DTYPES = frozenset({"float64", "float32", "bfloat16", "float16"})
+_INTEGER_INPUTS = frozenset({"input_ids", "group_ids"})
 _SPECIAL_FLOATS = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
 _REQUIRED = ("id", "clause", "op", "description", "source", "inputs", "expected")
 _OPTIONAL = ("dtype", "atol", "input_dtypes", "grad", "weighted_sum", "raises", "match")
@@ -213,7 +230,7 @@ def _input_dtype(case: Case, name: str) -> torch.dtype:
         return _DTYPES[case.input_dtypes[name]]
     if name == "mask":
         return torch.bool
-    if name == "input_ids":
+    if name in _INTEGER_INPUTS:
         return torch.int64
     return _DTYPES[case.dtype]
 
@@ -228,8 +245,8 @@ def _decode(case: Case, name: str, value: Any) -> Any:
 
 def decode_inputs(case: Case) -> dict[str, Any]:
     """The case's inputs as call arguments: nested lists become tensors (``mask`` bool,
-    ``input_ids`` int64, others the case dtype, unless ``input_dtypes`` says otherwise), the strings
-    "nan"/"inf"/"-inf" floats, everything else as is."""
+    ``input_ids`` and ``group_ids`` int64, others the case dtype, unless ``input_dtypes`` says
+    otherwise), the strings "nan"/"inf"/"-inf" floats, everything else as is."""
     return {name: _decode(case, name, value) for name, value in case.inputs.items()}
 
 
@@ -251,6 +268,12 @@ class ReferenceOps:
     ppo_penalty_loss = staticmethod(ppo_ref.ppo_penalty_loss)
     explained_variance = staticmethod(ppo_ref.explained_variance)
     update_penalty_beta = staticmethod(ppo_ref.update_penalty_beta)
+    group_advantages = staticmethod(ppo_ref.group_advantages)
+    aggregate_loss = staticmethod(ppo_ref.aggregate_loss)
+    gspo_loss = staticmethod(ppo_ref.gspo_loss)
+    cispo_loss = staticmethod(ppo_ref.cispo_loss)
+    kl_loss = staticmethod(ppo_ref.kl_loss)
+    rollout_correction = staticmethod(ppo_ref.rollout_correction)
 
     @staticmethod
     def adaptive_kl(init_kl_coef: float, target: float, horizon: float, kl: float, n_steps: int) -> float:
@@ -306,7 +329,9 @@ def reproduction(case: Case, impl: object, impl_setup: str | None = None) -> str
     if case.grad:
         of = _output_expr(case.op, case.grad.of)
         expected_grad = _literal(case.grad.expected)
-        lines.append(f"print(torch.autograd.grad({of}.sum(), {case.grad.wrt}))  # expected {expected_grad}")
+        gradient = f"torch.autograd.grad({of}.sum(), {case.grad.wrt})"
+        # a detached output (rollout_correction's weights, IS-3) has no graph: its gradient is 0
+        lines.append(f"print({gradient} if {of}.requires_grad else 0.0)  # expected {expected_grad}")
     if case.weighted_sum:
         of = _output_expr(case.op, case.weighted_sum.of)
         weights = _literal(case.weighted_sum.weights)

@@ -29,6 +29,15 @@ def _check_group_ids(group_ids: object, rows: int) -> Tensor:
     return group_ids
 
 
+def _sqrt(var: Tensor) -> Tensor:
+    """sqrt(var) with a zero (not NaN) gradient where var == 0 (singleton and constant groups,
+    whose advantages are then replaced by 0, must not send NaN into the scores' gradient)."""
+    positive = var > 0
+    return torch.where(
+        positive, torch.where(positive, var, torch.ones_like(var)).sqrt(), torch.zeros_like(var)
+    )
+
+
 def group_advantages(
     scores: Tensor,
     group_ids: Tensor,
@@ -119,9 +128,9 @@ def group_advantages(
             0, inverse, centered**2
         )
         var = (squares / (counts.to(dtype) - 1).clamp(min=1))[inverse]
-        advantages = centered / (var.sqrt() + epsilon)
+        advantages = centered / (_sqrt(var) + epsilon)
     else:  # grpo with the batch's standard deviation
-        batch_std = r.std(unbiased=True) if r.numel() > 1 else zero
+        batch_std = _sqrt(r.var(unbiased=True)) if r.numel() > 1 else zero
         advantages = centered / (batch_std + epsilon)
     # A constant group gives exactly 0 (its mean, a rounded sum over n, may differ from its members
     # in the last bit, and with eps = 0 its 0 / 0 would be NaN).

@@ -416,3 +416,366 @@ def adaptive_kl_coefs(
         coef = coef * (1.0 + error * n_steps / horizon)
         history.append(coef)
     return history
+
+
+# --- The PPO family: GRP-1..3, AGG-1..3, CLIP-1..3, GSPO-1..3, CISPO-1, KLL-1, IS-1..3 ----------
+
+
+def _rows_of(mask: Tensor) -> list[list[int]]:
+    """The action-token columns of each row."""
+    return [[t for t, on in enumerate(row) if on] for row in _keep(mask)]
+
+
+def group_advantages(
+    scores: Tensor, group_ids: Tensor, method: str, std_scope: str = "group", eps: float = 1e-6
+) -> list[float]:
+    """One advantage per row from its group (equal ids), with ``singleton='zero'`` (GRP-1..3).
+
+    grpo (r - mean_g) / (std + eps), std with n - 1 over the group (``group``), over all scores
+    (``batch``) or 1 with eps 0 (``none``); dr_grpo r - mean_g; rloo r - (sum_g - r) / (n_g - 1),
+    the leave-one-out mean computed as such. A group of one gives 0, a constant group exactly 0.
+    """
+    r, ids = scores.tolist(), group_ids.tolist()
+    members: dict[int, list[int]] = {}
+    for i, gid in enumerate(ids):
+        members.setdefault(gid, []).append(i)
+    batch_std = math.sqrt(_variance(r)) if len(r) > 1 else 0.0
+    out = [0.0] * len(r)
+    for rows in members.values():
+        values = [r[i] for i in rows]
+        n = len(values)
+        if n == 1 or min(values) == max(values):
+            continue
+        mean = math.fsum(values) / n
+        for i in rows:
+            if method == "dr_grpo" or (method == "grpo" and std_scope == "none"):
+                out[i] = r[i] - mean
+            elif method == "rloo":
+                others = [r[j] for j in rows if j != i]
+                out[i] = r[i] - math.fsum(others) / (n - 1)
+            else:
+                std = math.sqrt(_variance(values)) if std_scope == "group" else batch_std
+                out[i] = (r[i] - mean) / (std + eps)
+    return out
+
+
+def aggregate(
+    per_token: Nested,
+    mask: Tensor,
+    loss_agg: str,
+    norm_constant: float | None = None,
+    token_count: int | None = None,
+    row_count: int | None = None,
+) -> float:
+    """All four modes with the whole-batch counts (AGG-1..3): token-mean sum / N; the seq-means
+    sum over rows with an action token of the row's mean (or sum) / R; seq-mean-token-sum-norm
+    sum / (B * C) with B every row passed. ``token_count`` replaces N, ``row_count`` R or B."""
+    values = per_token.tolist() if isinstance(per_token, Tensor) else per_token
+    rows = [[values[b][t] for t in cols] for b, cols in enumerate(_rows_of(mask))]
+    if loss_agg == "token-mean":
+        every = [v for row in rows for v in row]
+        count = token_count if token_count is not None else len(every)
+        return math.fsum(every) / count if count else 0.0
+    if loss_agg == "seq-mean-token-sum-norm":
+        assert norm_constant is not None
+        count = row_count if row_count is not None else len(rows)
+        return math.fsum(v for row in rows for v in row) / (max(count, 1) * norm_constant)
+    per_row = [math.fsum(row) / (len(row) if loss_agg == "seq-mean-token-mean" else 1) for row in rows if row]
+    count = row_count if row_count is not None else len(per_row)
+    return math.fsum(per_row) / count if count else 0.0
+
+
+def aggregation_weights(
+    mask: Tensor,
+    loss_agg: str,
+    norm_constant: float | None = None,
+    token_count: int | None = None,
+    row_count: int | None = None,
+) -> list[list[float]]:
+    """d aggregate / d per_token[b][t] for each entry (0 off the mask)."""
+    cols = _rows_of(mask)
+    keep = _keep(mask)
+    out = [[0.0] * len(row) for row in keep]
+    tokens = token_count if token_count is not None else sum(len(c) for c in cols)
+    nonempty = row_count if row_count is not None else sum(1 for c in cols if c)
+    every = row_count if row_count is not None else len(cols)
+    for b, row_cols in enumerate(cols):
+        for t in row_cols:
+            if loss_agg == "token-mean":
+                out[b][t] = 1.0 / tokens
+            elif loss_agg == "seq-mean-token-mean":
+                out[b][t] = 1.0 / (len(row_cols) * nonempty)
+            elif loss_agg == "seq-mean-token-sum":
+                out[b][t] = 1.0 / nonempty
+            else:
+                assert norm_constant is not None
+                out[b][t] = 1.0 / (max(every, 1) * norm_constant)
+    return out
+
+
+@dataclass(frozen=True)
+class ClipOracle:
+    """Oracle values of ``policy_loss`` with the clip options; shares as [low, high] bounds (a
+    ratio within ``tie_tol`` of a boundary may round either way)."""
+
+    loss: float
+    objective: list[list[float]]
+    slope: list[list[float]]
+    clipfrac: tuple[float, float]
+    dual_clip_frac: tuple[float, float]
+    outside: tuple[float, float]
+    max_abs_objective: float
+
+
+def clipped_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float,
+    clip_eps_high: float | None,
+    dual_clip: float | None,
+    loss_agg: str,
+    tie_tol: float,
+    norm_constant: float | None = None,
+) -> ClipOracle:
+    """o = min(r A, clip(r, 1 - eps, 1 + eps_h) A), then max(o, c A) where A < 0 (CLIP-1, CLIP-2).
+
+    ``slope`` is d o / d logp: r A off the flat branches, 0 on them (A > 0 and r > 1 + eps_h;
+    A < 0 and r < 1 - eps; A < 0 and r > c under the dual clip).
+    """
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    lp, old, adv, keep = logp.tolist(), old_logp.tolist(), advantages.tolist(), _keep(mask)
+    objective = [[0.0] * len(row) for row in keep]
+    slope = [[0.0] * len(row) for row in keep]
+    counts = {"flat": [0, 0], "dual": [0, 0], "out": [0, 0]}  # [sure, maybe]
+
+    def tally(name: str, margin: float) -> None:
+        if abs(margin) <= tie_tol:
+            counts[name][1] += 1
+        elif margin > 0:
+            counts[name][0] += 1
+
+    n = 0
+    for b in range(len(keep)):
+        for t in range(len(keep[b])):
+            if not keep[b][t]:
+                continue
+            n += 1
+            ratio = math.exp(lp[b][t] - old[b][t])
+            a = adv[b][t]
+            clipped = min(max(ratio, 1.0 - clip_eps), 1.0 + high)
+            o = min(ratio * a, clipped * a)
+            flat = (a > 0 and ratio > 1.0 + high) or (a < 0 and ratio < 1.0 - clip_eps)
+            if a > 0:
+                tally("flat", ratio - (1.0 + high))
+            elif a < 0:
+                tally("flat", (1.0 - clip_eps) - ratio)
+            if dual_clip is not None and a < 0:
+                tally("dual", ratio - dual_clip)
+                if dual_clip * a > o:
+                    o, flat = dual_clip * a, True
+            tally("out", max(ratio - (1.0 + high), (1.0 - clip_eps) - ratio))
+            objective[b][t] = o
+            slope[b][t] = 0.0 if flat else ratio * a
+
+    def share(name: str) -> tuple[float, float]:
+        sure, maybe = counts[name]
+        return (sure / n, (sure + maybe) / n) if n else (0.0, 0.0)
+
+    return ClipOracle(
+        loss=-aggregate(objective, mask, loss_agg, norm_constant),
+        objective=objective,
+        slope=slope,
+        clipfrac=share("flat"),
+        dual_clip_frac=share("dual") if dual_clip is not None else (0.0, 0.0),
+        outside=share("out"),
+        max_abs_objective=max((abs(o) for row in objective for o in row), default=0.0),
+    )
+
+
+@dataclass(frozen=True)
+class GSPOOracle:
+    """Oracle values of ``gspo_loss``; ``seq_ratios`` has None for rows without an action token."""
+
+    loss: float
+    gradient: list[list[float]]
+    clipfrac: tuple[float, float]
+    ratio_mean: float
+    ratio_max: float
+    seq_ratios: list[float | None]
+
+
+def gspo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_eps: float,
+    clip_eps_high: float | None,
+    tie_tol: float,
+    row_count: int | None = None,
+) -> GSPOOracle:
+    """s_i = exp(mean_t (logp - old_logp)), o_i = min(s A, clip(s) A), loss = -sum_i o_i / R over the
+    R rows with an action token (GSPO-1); d loss / d logp_t = -s_i A_i / (n_i R) on the unclipped
+    branch, 0 on the flat one (GSPO-2); clipfrac over sequences, ratios of sequences (GSPO-3)."""
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    lp, old, adv, keep = logp.tolist(), old_logp.tolist(), advantages.tolist(), _keep(mask)
+    cols = _rows_of(mask)
+    rows = row_count if row_count is not None else sum(1 for c in cols if c)
+    gradient = [[0.0] * len(row) for row in keep]
+    objectives, ratios, seq_ratios = [], [], []
+    sure = maybe = 0
+    for b, row_cols in enumerate(cols):
+        if not row_cols:
+            seq_ratios.append(None)
+            continue
+        s = math.exp(math.fsum(lp[b][t] - old[b][t] for t in row_cols) / len(row_cols))
+        a = adv[b]
+        objectives.append(min(s * a, min(max(s, 1.0 - clip_eps), 1.0 + high) * a))
+        ratios.append(s)
+        seq_ratios.append(s)
+        margin = s - (1.0 + high) if a > 0 else ((1.0 - clip_eps) - s if a < 0 else -1.0)
+        if abs(margin) <= tie_tol:
+            maybe += 1
+        elif margin > 0:
+            sure += 1
+        flat = (a > 0 and s > 1.0 + high) or (a < 0 and s < 1.0 - clip_eps)
+        for t in row_cols:
+            gradient[b][t] = 0.0 if flat else -s * a / (len(row_cols) * rows)
+    count = len(ratios)
+    return GSPOOracle(
+        loss=-math.fsum(objectives) / rows if rows else 0.0,
+        gradient=gradient,
+        clipfrac=(sure / count, (sure + maybe) / count) if count else (0.0, 0.0),
+        ratio_mean=math.fsum(ratios) / count if count else 0.0,
+        ratio_max=max(ratios) if count else 0.0,
+        seq_ratios=seq_ratios,
+    )
+
+
+def cispo_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    clip_low: float,
+    clip_high: float,
+    loss_agg: str,
+    norm_constant: float | None = None,
+) -> tuple[float, list[list[float]]]:
+    """(loss, d loss / d logp): l_t = -w_t A_t logp_t with w = clip(r, 1 - low, 1 + high) held
+    constant, aggregated; the gradient is -w A times the aggregation weight on every action token
+    (CISPO-1)."""
+    lp, old, adv, keep = logp.tolist(), old_logp.tolist(), advantages.tolist(), _keep(mask)
+    per_token = [[0.0] * len(row) for row in keep]
+    slope = [[0.0] * len(row) for row in keep]
+    for b in range(len(keep)):
+        for t in range(len(keep[b])):
+            if keep[b][t]:
+                ratio = math.exp(lp[b][t] - old[b][t])
+                weight = min(max(ratio, 1.0 - clip_low), 1.0 + clip_high)
+                per_token[b][t] = -weight * adv[b][t] * lp[b][t]
+                slope[b][t] = -weight * adv[b][t]
+    weights = aggregation_weights(mask, loss_agg, norm_constant)
+    gradient = [
+        [s * w for s, w in zip(srow, wrow, strict=True)] for srow, wrow in zip(slope, weights, strict=True)
+    ]
+    return aggregate(per_token, mask, loss_agg, norm_constant), gradient
+
+
+def kl_loss_term(logp: float, ref_logp: float, estimator: str) -> tuple[float, float]:
+    """(value, d value / d logp) of one token's KL loss term, delta = logp - ref_logp (KLL-1):
+    k1 (delta, 1); k2 (delta^2 / 2, delta); k3 (e^-delta - 1 + delta, 1 - e^-delta); k3+ (k3's
+    value, k2's gradient delta)."""
+    delta = logp - ref_logp
+    k3 = math.exp(-delta) - 1.0 + delta
+    return {
+        "k1": (delta, 1.0),
+        "k2": (0.5 * delta * delta, delta),
+        "k3": (k3, 1.0 - math.exp(-delta)),
+        "k3+": (k3, delta),
+    }[estimator]
+
+
+def kl_loss(
+    logp: Tensor,
+    ref_logp: Tensor,
+    mask: Tensor,
+    estimator: str,
+    loss_agg: str,
+    norm_constant: float | None = None,
+) -> tuple[float, list[list[float]]]:
+    """(loss, d loss / d logp): the per-token terms of :func:`kl_loss_term` aggregated (KLL-1, KLL-3)."""
+    lp, ref, keep = logp.tolist(), ref_logp.tolist(), _keep(mask)
+    values = [[0.0] * len(row) for row in keep]
+    slope = [[0.0] * len(row) for row in keep]
+    for b in range(len(keep)):
+        for t in range(len(keep[b])):
+            if keep[b][t]:
+                values[b][t], slope[b][t] = kl_loss_term(lp[b][t], ref[b][t], estimator)
+    weights = aggregation_weights(mask, loss_agg, norm_constant)
+    gradient = [
+        [s * w for s, w in zip(srow, wrow, strict=True)] for srow, wrow in zip(slope, weights, strict=True)
+    ]
+    return aggregate(values, mask, loss_agg, norm_constant), gradient
+
+
+def rollout_correction(
+    logp: Tensor,
+    rollout_logp: Tensor,
+    mask: Tensor,
+    level: str,
+    mode: str,
+    high: float,
+    low: float | None,
+) -> list[list[float]]:
+    """Weights per action token (IS-1, IS-2): w_t = exp(logp - rollout_logp) (token), the row's
+    product exp(sum) (sequence) or geometric mean exp(mean) (sequence-geometric); truncate gives
+    min(w, high) (and max(., low) with a low), mask gives w inside [low, high] and 0 outside.
+    0 off the mask."""
+    lp, roll, keep = logp.tolist(), rollout_logp.tolist(), _keep(mask)
+    out = [[0.0] * len(row) for row in keep]
+    for b, cols in enumerate(_rows_of(mask)):
+        logs = [lp[b][t] - roll[b][t] for t in cols]
+        for i, t in enumerate(cols):
+            if level == "token":
+                w = math.exp(logs[i])
+            elif level == "sequence":
+                w = math.exp(math.fsum(logs))
+            else:
+                w = math.exp(math.fsum(logs) / len(logs))
+            if mode == "truncate":
+                w = min(w, high)
+                if low is not None:
+                    w = max(w, low)
+            elif w > high or (low is not None and w < low):
+                w = 0.0
+            out[b][t] = w
+    return out
+
+
+def discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> list[list[float]]:
+    """REINFORCE++'s raw returns (RPP-1): G_t = r_t + gamma G_next over each row's action tokens,
+    G_next the return of the next action token (holes skipped), 0 after the last; 0 off the mask."""
+    r, keep = rewards.tolist(), _keep(mask)
+    out = [[0.0] * len(row) for row in keep]
+    for b, cols in enumerate(_rows_of(mask)):
+        running = 0.0
+        for t in reversed(cols):
+            running = r[b][t] + gamma * running
+            out[b][t] = running
+    return out
+
+
+def group_baseline_advantages(scores: Tensor, group_ids: Tensor, mask: Tensor) -> list[list[float]]:
+    """REINFORCE++-baseline before whitening (RPP-2): score minus the group's mean score (0 for a
+    group of one), on every action token of the row; 0 off the mask."""
+    r, ids, keep = scores.tolist(), group_ids.tolist(), _keep(mask)
+    out = [[0.0] * len(row) for row in keep]
+    for b, cols in enumerate(_rows_of(mask)):
+        peers = [r[j] for j in range(len(r)) if ids[j] == ids[b]]
+        centred = 0.0 if len(peers) < 2 or min(peers) == max(peers) else r[b] - math.fsum(peers) / len(peers)
+        for t in cols:
+            out[b][t] = centred
+    return out

@@ -29,6 +29,14 @@ CLAUSES = (
     "PG-1", "PG-2", "PG-3", "PG-4", "PG-5", "PG-6",
     "VF-1", "VF-2", "PEN-1", "PEN-2", "EV-1", "KLC-1", "KLC-2",
     "IN-1", "IN-2",
+    "GRP-1", "GRP-2", "GRP-3", "GRP-4",
+    "AGG-1", "AGG-2", "AGG-3",
+    "CLIP-1", "CLIP-2", "CLIP-3",
+    "GSPO-1", "GSPO-2", "GSPO-3",
+    "CISPO-1", "CISPO-2",
+    "KLL-1", "KLL-2", "KLL-3",
+    "IS-1", "IS-2", "IS-3",
+    "RPP-1", "RPP-2",
 )  # fmt: skip
 """Every clause id of the spec (the list in the project's ground rules)."""
 
@@ -408,7 +416,13 @@ def test_fixed_kl_controller_never_moves(kl_coef: float, case: cs.KLControllerCa
 
 # --- clause coverage ----------------------------------------------------------------------------
 
-PROPERTY_MODULES = ("test_properties", "test_invariances", "test_gradients")
+PROPERTY_MODULES = (
+    "test_properties",
+    "test_invariances",
+    "test_gradients",
+    "test_family_properties",
+    "test_family_gradients",
+)
 
 
 def _property_clauses() -> set[str]:

@@ -7,34 +7,16 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-
-import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 
 from tiny_task import PROMPTS, tiny_policy, tiny_reward_model, tiny_tokenizer
 
+from tests.model_fixtures import one_thread, out_dir  # noqa: F401  (re-exported to the test modules)
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """One intra-op thread per test (tiny models; the machine's 2 cores are shared)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def out_dir(tmp_path: Path) -> Path:
-    """A not-yet-existing output directory for a run."""
-    return tmp_path / "run"
 
 
 def write_local_inputs(directory: Path) -> dict[str, Path]:

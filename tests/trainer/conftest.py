@@ -1,30 +1,7 @@
-"""Fixtures of the trainer tests (helpers live in tiny_task.py)."""
+"""Fixtures of the trainer tests (helpers live in tiny_task.py; the fixtures in tests/model_fixtures.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
+from tests.model_fixtures import one_thread, out_dir
 
-import pytest
-import torch
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    """Run each trainer test on one intra-op thread, then restore the setting.
-
-    The models here are tiny: a second thread buys nothing, and on a shared 2-core machine thread
-    contention made the fast tests 4x slower (33 s against 7.6 s, measured).
-    """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-@pytest.fixture
-def out_dir(tmp_path: Path) -> Path:
-    """A not-yet-existing output directory for a run."""
-    return tmp_path / "run"
+__all__ = ["one_thread", "out_dir"]

@@ -56,9 +56,9 @@ def group_advantages(
     ================  ==================================================  ==========================
     ``method``        :math:`A_i`                                         source
     ================  ==================================================  ==========================
-    ``grpo``          :math:`(r_i - \mu_g) / (\sigma + \epsilon)`         Shao et al. 2024, §4.1.2
-    ``dr_grpo``       :math:`r_i - \mu_g`                                 Liu et al. 2025, eq. 3
-    ``rloo``          :math:`r_i - \frac{1}{n_g - 1}\sum_{j \ne i} r_j`   Ahmadian et al. 2024, eq. 8
+    ``grpo``          :math:`(r_i - \mu_g) / (\sigma + \epsilon)`         arXiv 2402.03300, §4.1.2
+    ``dr_grpo``       :math:`r_i - \mu_g`                                 arXiv 2503.20783, §3
+    ``rloo``          :math:`r_i - \frac{1}{n_g - 1}\sum_{j \ne i} r_j`   arXiv 2402.14740
     ================  ==================================================  ==========================
 
     ``std_scope`` (``grpo`` only) chooses :math:`\sigma`: ``group`` (default) :math:`\sigma_g`;

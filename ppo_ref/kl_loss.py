@@ -45,7 +45,7 @@ def kl_loss(
     function gives :math:`\nabla KL(\pi\|\pi_{ref}) = E_\pi[\delta\,\nabla\log\pi]`, so only an
     estimator whose gradient in ``logp`` is :math:`\delta` (``k2``, ``k3+``) is unbiased as a loss,
     while ``k1`` and ``k3`` are unbiased estimates of the *value* and belong in the reward (verl's
-    ``k3+``; TRL #4967, OpenRLHF PR #1309; Shah et al. 2025, arXiv 2510.01555).
+    ``k3+``; TRL #4967, OpenRLHF PR #1309; arXiv 2510.01555).
 
     ``logp`` (differentiable) and ``ref_logp`` are (B, T); ``mask`` (B, T); the per-token values are
     reduced with ``loss_agg`` and its keywords as in :func:`ppo_ref.aggregate_loss`. Returns 0-dim;

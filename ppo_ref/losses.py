@@ -118,7 +118,7 @@ def policy_loss(
               \qquad \text{loss} = -\operatorname{aggregate}(o)
 
     and with ``dual_clip = c``, for :math:`A_t < 0` only, :math:`o_t = \max(o_t, c A_t)` (Ye et al.
-    2020, eq. 5): the objective of a bad action stops falling once :math:`\rho_t > c`.
+    2020, arXiv 1912.09729): the objective of a bad action stops falling once :math:`\rho_t > c`.
 
     =================  =======  ==============================================================
     argument           shape    meaning
@@ -131,8 +131,8 @@ def policy_loss(
                                 ``clip_eps_high`` is given)
     ``loss_agg``       str      see :func:`ppo_ref.aggregate_loss` (with ``norm_constant``,
                                 ``token_count``, ``row_count``)
-    ``clip_eps_high``  > 0      ε_h, the upper offset (DAPO's clip-higher, Yu et al. 2025
-                                eq. 10); None: ε_h = ε
+    ``clip_eps_high``  > 0      ε_h, the upper offset (DAPO's clip-higher, Yu et al. 2025,
+                                arXiv 2503.14476); None: ε_h = ε
     ``dual_clip``      > 1      c; None: no dual clip
     =================  =======  ==============================================================
 

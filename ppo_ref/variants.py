@@ -44,7 +44,7 @@ def gspo_loss(
     clip_eps_high: float | None = None,
     row_count: int | Tensor | None = None,
 ) -> GSPOLossResult:
-    r"""Group Sequence Policy Optimization: the clip on a sequence ratio (Zheng et al. 2025, eq. 5-7).
+    r"""Group Sequence Policy Optimization: a clipped sequence ratio (arXiv 2507.18071).
 
     .. math:: s_i = \exp\Big(\frac{1}{|y_i|}\sum_{t \in y_i} \big(\log\pi(a_t) - \log\pi_{old}(a_t)\big)\Big),
               \qquad o_i = \min\big(s_i A_i,\ \operatorname{clip}(s_i, 1-\epsilon, 1+\epsilon_h) A_i\big),
@@ -58,8 +58,8 @@ def gspo_loss(
 
     Gradient: :math:`\partial o_i/\partial \log\pi(a_t) = s_i A_i / |y_i|` on the unclipped branch,
     0 on the flat one. This equals the GSPO-token form (:math:`\log s_{i,t} = \mathrm{sg}[\log s_i]
-    + \log\pi_t - \mathrm{sg}[\log\pi_t]`, eq. 13) aggregated with ``seq-mean-token-mean``, in value
-    and gradient; under ``token-mean`` the two differ (long sequences weigh more).
+    + \log\pi_t - \mathrm{sg}[\log\pi_t]`, the paper's GSPO-token) aggregated with
+    ``seq-mean-token-mean``, in value and gradient; under ``token-mean`` the two differ (long sequences weigh more).
 
     Example (one row of two tokens with log-ratios 0.1 and 0.3: s = e^0.2 = 1.2214, clipped to 1.2)::
 
@@ -128,7 +128,7 @@ def cispo_loss(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> CISPOLossResult:
-    r"""Clipped IS-weight Policy Optimization (MiniMax-M1, 2025, eq. 4): clip the weight, not the update.
+    r"""Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv 2506.13585): clip the weight, not the update.
 
     .. math:: \ell_t = -\,\mathrm{sg}\big[\operatorname{clip}(\rho_t, 1 - \epsilon_{low},
               1 + \epsilon_{high})\big]\, A_t \log\pi(a_t),

@@ -59,7 +59,8 @@ def gspo_loss(
     Gradient: :math:`\partial o_i/\partial \log\pi(a_t) = s_i A_i / |y_i|` on the unclipped branch,
     0 on the flat one. This equals the GSPO-token form (:math:`\log s_{i,t} = \mathrm{sg}[\log s_i]
     + \log\pi_t - \mathrm{sg}[\log\pi_t]`, the paper's GSPO-token) aggregated with
-    ``seq-mean-token-mean``, in value and gradient; under ``token-mean`` the two differ (long sequences weigh more).
+    ``seq-mean-token-mean``, in value and gradient; under ``token-mean`` the two differ (long
+    sequences weigh more).
 
     Example (one row of two tokens with log-ratios 0.1 and 0.3: s = e^0.2 = 1.2214, clipped to 1.2)::
 

@@ -46,7 +46,8 @@ class TrainerConfig:
     policy: str | None = None
     """Local Hugging Face causal-LM checkpoint (with its tokenizer) to train instead of the task's policy."""
     reward: str | None = None
-    """Local AutoModelForSequenceClassification checkpoint (one label) used as the reward model."""
+    """The reward instead of the task's: a local AutoModelForSequenceClassification checkpoint (one
+    label), or a Python function 'module:function' called as function(prompts, responses) -> scores."""
     reference: str | None = None
     """Local causal-LM checkpoint for the frozen KL reference (None = a copy of the initial policy)."""
     prompts: str | None = None

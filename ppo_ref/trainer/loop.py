@@ -71,7 +71,14 @@ from ppo_ref.trainer.scoring import (
 from ppo_ref.trainer.seeding import Stream, sampling_uniforms, stream_rng
 from ppo_ref.trainer.update import UpdateStats, ppo_update
 
-__all__ = ["EvalResult", "PPOTrainer", "ReferenceModelChangedError", "Rollout", "TrainingSetup"]
+__all__ = [
+    "EvalResult",
+    "PPOTrainer",
+    "ReferenceModelChangedError",
+    "Rollout",
+    "TrainingSetup",
+    "reward_provenance",
+]
 
 
 class ReferenceModelChangedError(RuntimeError):
@@ -97,6 +104,10 @@ class TrainingSetup:
         reference: the frozen KL reference (same vocabulary as the policy); None = a frozen copy
             of the initial policy.
         name: a label for the summary (task name or checkpoint path).
+        task: the built-in task this setup was built from (recorded as ``config.task`` in
+            summary.json), or None (the default: the config's ``task`` is then recorded as null).
+        reward_name: what scores the responses, for summary.json's ``reward`` (None: described
+            from ``reward_model`` or the function's module and name).
     """
 
     tokenizer: PreTrainedTokenizerBase
@@ -110,6 +121,30 @@ class TrainingSetup:
     well_formed: Callable[[str, str], bool] | None = None
     reference: PreTrainedModel | None = None
     name: str = "custom"
+    task: str | None = None
+    reward_name: str | None = None
+
+
+def _callable_name(function: object) -> str:
+    module = getattr(function, "__module__", None) or "?"
+    name = getattr(function, "__qualname__", None) or type(function).__qualname__
+    return f"{module}:{name}"
+
+
+def reward_provenance(setup: TrainingSetup) -> dict[str, str | None]:
+    """What scored training and evaluation, for summary.json: ``{"training": ..., "evaluation": ...}``."""
+    if setup.reward_model is not None:
+        model = setup.reward_model
+        default = f"reward model {getattr(model, 'name_or_path', '') or type(model).__name__}"
+    else:
+        default = f"function {_callable_name(setup.reward_function)}"
+    training = setup.reward_name or default
+    evaluation = (
+        training
+        if setup.eval_reward_function is None
+        else f"function {_callable_name(setup.eval_reward_function)}"
+    )
+    return {"training": training, "evaluation": evaluation}
 
 
 class PPOTrainer:
@@ -249,6 +284,10 @@ class PPOTrainer:
             self.optimizer = torch.optim.AdamW(groups, lr=lr, eps=eps, weight_decay=decay, fused=True)
         except (RuntimeError, ValueError):
             self.optimizer = torch.optim.AdamW(groups, lr=lr, eps=eps, weight_decay=decay)
+        # A model handed over with gradients left in .grad (the built-in tasks' warm-up leaves its
+        # last step's) would add them to the first PPO step, and would stop torch's optimizer-state
+        # loader from initialising the state it fills on resume. Start from no gradient.
+        self.optimizer.zero_grad(set_to_none=True)
 
     def _prepare(self) -> None:
         """Hand the trained models and the optimizer to the data-parallel backend (several processes,
@@ -662,7 +701,9 @@ class PPOTrainer:
 
     # -- the run -----------------------------------------------------------------------------------
 
-    def train(self, started_at: float | None = None) -> dict[str, Any]:
+    def train(
+        self, started_at: float | None = None, status: Callable[[str], None] | None = None
+    ) -> dict[str, Any]:
         """Evaluate, run the iterations up to ``config.iterations``, evaluate again; write every output.
 
         Checkpoints go to OUT/checkpoints every ``save_every`` iterations and after the last one.
@@ -670,18 +711,27 @@ class PPOTrainer:
         a summary (``interrupted``; no final evaluation). A resumed trainer starts after its
         checkpoint's iteration. Returns the summary (also OUT/summary.json; files are written by
         the main process only). ``started_at`` is the ``time.perf_counter()`` of the run's start
-        (e.g. before building the task) for ``wall_seconds``.
+        (e.g. before building the task) for ``wall_seconds``. ``status`` receives a line before each
+        long step (the evaluations, the iterations, the plots); the command line prints them.
         """
         config, main = self.config, self.parallel.is_main
+        say = status if status is not None and main else (lambda message: None)
         started_at = time.perf_counter() if started_at is None else started_at
+        start = self.start_iteration
         out_dir = Path(config.out)
         if main:
             out_dir.mkdir(parents=True, exist_ok=True)
             remove_stale_temporaries(out_dir)
+        if self.eval_initial is None:
+            say(f"initial evaluation: {config.eval_samples} responses to held-out prompts")
         initial = self.eval_initial if self.eval_initial is not None else self.evaluate()
+        if start < config.iterations:
+            say(
+                f"PPO iterations {start + 1}-{config.iterations} of {config.iterations}, "
+                f"{config.rollout_batch_size} responses each; outputs in {out_dir}"
+            )
         self.eval_initial = initial
         records = list(self.history)
-        start = self.start_iteration
         interrupted: str | None = None
         audit = AuditLog(out_dir, enabled=main, keep_before=start if self.resumed_from else None)
         progress = ProgressBar(config.iterations, config.progress_bar and main, initial=start)
@@ -725,11 +775,18 @@ class PPOTrainer:
             audit.close()
             progress.close()
         ppo_seconds = time.perf_counter() - ppo_started
+        if not interrupted:
+            say(f"final evaluation: {config.eval_samples} responses to held-out prompts")
         final = None if interrupted else self.evaluate()
         if config.plots and records and main:
-            plot_metrics(out_dir, records)
+            say("writing the plots")
+            evaluations = {0: initial.score, len(records): None if final is None else final.score}
+            plot_metrics(
+                out_dir, records, run=f"{self.setup.name}, seed {config.seed}", evaluations=evaluations
+            )
         summary: dict[str, Any] = {
             "task": self.setup.name,
+            "reward": reward_provenance(self.setup),
             "seed": config.seed,
             "iterations": config.iterations,
             "iterations_done": len(records),
@@ -754,7 +811,7 @@ class PPOTrainer:
             "data_parallel": self.parallel.backend,
             "mixed_precision": "bf16" if self.autocast_dtype is not None else "no",
             "versions": {"ppo_ref": ppo_ref.__version__, "torch": torch.__version__},
-            "config": asdict(config),
+            "config": {**asdict(config), "task": self.setup.task},
         }
         if main:
             write_summary(out_dir, summary)

@@ -7,7 +7,9 @@ Files written to the output directory OUT:
 - ``tensorboard/``: the same scalars as TensorBoard events, when tensorboard is installed.
 - ``rollouts.jsonl``: the first K samples of every iteration in full (see :func:`audit_records`).
 - ``summary.json``: the run's evaluation before and after training, and its wall time.
-- ``score.png``, ``kl_ref.png``, ``entropy.png``, ``response_length.png``: per-iteration plots.
+- ``score.png``, ``kl_ref.png``, ``entropy.png``, ``response_length.png``,
+  ``explained_variance.png``: per-iteration plots, titled with the run; the score plot also shows
+  the held-out evaluations before and after training.
 - ``checkpoints/iter-NNNNNN/``: the run's state (see :mod:`ppo_ref.trainer.checkpoint`).
 
 Non-finite numbers are written as JSON ``null``.
@@ -88,6 +90,7 @@ PLOTS: dict[str, tuple[str, str]] = {
     "kl_ref.png": ("kl_ref", "KL to reference (per sequence)"),
     "entropy.png": ("entropy", "entropy (nats/token)"),
     "response_length.png": ("response_length", "response length (tokens)"),
+    "explained_variance.png": ("explained_variance", "critic explained variance"),
 }
 """Plot file name -> (metric, y-axis label)."""
 
@@ -225,8 +228,20 @@ def write_summary(out_dir: Path, summary: Mapping[str, Any]) -> Path:
     return path
 
 
-def plot_metrics(out_dir: Path, records: Sequence[Mapping[str, Any]]) -> list[Path]:
-    """Write one PNG per entry of :data:`PLOTS` (metric against iteration) into OUT/; return the paths."""
+def plot_metrics(
+    out_dir: Path,
+    records: Sequence[Mapping[str, Any]],
+    run: str = "",
+    evaluations: Mapping[int, float | None] | None = None,
+) -> list[Path]:
+    """Write one PNG per entry of :data:`PLOTS` (metric against iteration) into OUT/; return the paths.
+
+    Each plot is titled with its metric and ``run`` (e.g. the task and seed). ``evaluations`` maps an
+    iteration to a held-out evaluation score (0: before training; the number of iterations: after
+    the last one), drawn on the score plot as separate points.
+    """
+    if not isinstance(run, str):
+        raise ValueError(f"run: expected a string, got {type(run).__name__}")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -236,14 +251,30 @@ def plot_metrics(out_dir: Path, records: Sequence[Mapping[str, Any]]) -> list[Pa
     paths = []
     for file_name, (metric, label) in PLOTS.items():
         values = [float("nan") if r.get(metric) is None else float(r[metric]) for r in records]
-        figure, axes = plt.subplots(figsize=(5, 3.2), dpi=100)
-        axes.plot(iterations, values, marker="o", markersize=3)
+        figure, axes = plt.subplots(figsize=(5.5, 3.6), dpi=100)
+        axes.plot(iterations, values, marker="o", markersize=3, label="training rollouts")
+        if metric == "score_mean" and evaluations:
+            points = sorted((i, v) for i, v in evaluations.items() if v is not None and math.isfinite(v))
+            if points:
+                axes.plot(
+                    [i for i, _ in points],
+                    [v for _, v in points],
+                    linestyle="none",
+                    marker="D",
+                    markersize=6,
+                    color="tab:red",
+                    label="held-out evaluation",
+                )
+                for i, v in points:
+                    axes.annotate(f"{v:.3f}", (i, v), textcoords="offset points", xytext=(4, 4), fontsize=8)
+                axes.legend(fontsize=8, loc="best")
+        axes.set_title(f"{label}{' - ' + run if run else ''}", fontsize=10)
         axes.set_xlabel("iteration")
         axes.set_ylabel(label)
         axes.grid(alpha=0.3)
         figure.tight_layout()
         path = out_dir / file_name
-        figure.savefig(path)
+        figure.savefig(path, metadata={"Title": f"{label} - {run}" if run else label})
         plt.close(figure)
         paths.append(path)
     return paths

@@ -1,33 +1,99 @@
 """Resolve what a run trains: a built-in task, or local checkpoints and a prompts file.
 
-``--policy PATH`` replaces the task's policy (and tokenizer), ``--reward PATH`` its reward, and
-``--prompts FILE.jsonl`` its prompts; the task is only built when one of the three is missing.
-The task's ``config_overrides`` apply to the fields the user did not set.
+``--policy PATH`` replaces the task's policy (and tokenizer), ``--reward`` its reward (a local
+reward-model checkpoint, or a Python function ``module:function``), and ``--prompts FILE.jsonl``
+its prompts; the task is only built when one of the three is missing. The task's
+``config_overrides`` apply to the fields the user did not set.
+
+transformers and the trainer are imported only by :func:`build_setup`, so :func:`check_paths` (which
+the command line runs before any work) is quick.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
-from collections.abc import Collection
+import os
+import re
+import sys
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from transformers import (
-    AutoModelForCausalLM,
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
-
-from ppo_ref.tasks.base import Task
 from ppo_ref.trainer.config import TrainerConfig, check_field_values
-from ppo_ref.trainer.loop import TrainingSetup
 from ppo_ref.trainer.seeding import Stream, stream_rng
 
-__all__ = ["available_tasks", "build_setup", "check_paths", "load_prompts"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from ppo_ref.tasks.base import Task
+    from ppo_ref.trainer.loop import TrainingSetup
+
+__all__ = [
+    "RewardFunction",
+    "available_tasks",
+    "build_setup",
+    "check_paths",
+    "is_reward_function_spec",
+    "load_prompts",
+    "load_reward_function",
+]
+
+RewardFunction = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
+"""``reward(prompts, responses) -> scores``: one finite float per response."""
+
+_FUNCTION_SPEC = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def is_reward_function_spec(value: str) -> bool:
+    """True if ``value`` (a ``--reward`` value) names a Python function ``module:function`` rather
+    than a reward-model directory (an existing path always counts as a directory)."""
+    if not isinstance(value, str):
+        raise ValueError(f"value: expected a string, got {type(value).__name__}")
+    return bool(_FUNCTION_SPEC.match(value)) and not Path(value).exists()
+
+
+def load_reward_function(spec: str) -> RewardFunction:
+    """The function ``module:function`` (dots allowed on both sides) named by ``spec``.
+
+    The module is imported as ``python -m`` would: the current directory comes first on
+    ``sys.path``, then PYTHONPATH. The function must accept ``(prompts, responses)``, two lists of
+    strings of equal length, and return one score per response. Raises ``ValueError`` naming the
+    config field ``reward`` when it cannot be imported, is missing, or is not such a callable.
+    """
+    if not isinstance(spec, str) or not _FUNCTION_SPEC.match(spec):
+        raise ValueError(f"config field 'reward': expected 'module:function', got {spec!r}")
+    module_name, _, attribute = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+    except Exception as error:
+        raise ValueError(
+            f"config field 'reward': cannot import module {module_name!r} of {spec!r} "
+            f"({type(error).__name__}: {error}); it is looked up in the current directory and PYTHONPATH"
+        ) from None
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(
+                f"config field 'reward': {spec!r}: {target.__name__!r} has no attribute {part!r}"
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"config field 'reward': {spec!r} is a {type(target).__name__}, not a function")
+    try:
+        inspect.signature(target).bind(["prompt"], ["response"])
+    except TypeError:
+        raise ValueError(
+            f"config field 'reward': {spec!r} must accept (prompts, responses) and return one score per "
+            f"response; its signature is {inspect.signature(target)}"
+        ) from None
+    except ValueError:
+        pass  # no signature to inspect (a builtin): it is called and checked at run time
+    function: RewardFunction = target
+    return function
 
 
 def available_tasks() -> list[str]:
@@ -40,6 +106,8 @@ def available_tasks() -> list[str]:
 
 
 def _build_task(name: str, seed: int) -> Task:
+    from ppo_ref.tasks.base import Task
+
     try:
         from ppo_ref.tasks import get_task  # type: ignore[attr-defined, unused-ignore]
     except ImportError as error:
@@ -53,11 +121,27 @@ def _build_task(name: str, seed: int) -> Task:
 
 
 def check_paths(config: TrainerConfig) -> None:
-    """Fail before any work if --policy, --reward or --prompts do not exist, or the task is unknown."""
+    """Fail before any work if --policy, --reference, --reward or --prompts do not exist or are not
+    what they should be (a model directory with config.json, a reward function that imports, a valid
+    prompts file), or the task is unknown."""
+    if not isinstance(config, TrainerConfig):
+        raise ValueError(f"config: expected a TrainerConfig, got {type(config).__name__}")
     for name in ("policy", "reference", "reward", "prompts"):
         value = getattr(config, name)
-        if value is not None and not Path(value).exists():
-            raise ValueError(f"config field {name!r}: {value} does not exist")
+        if value is None:
+            continue
+        if name == "reward" and is_reward_function_spec(value):
+            load_reward_function(value)
+            continue
+        if not Path(value).exists():
+            hint = " (nor is it a Python function 'module:function')" if name == "reward" else ""
+            raise ValueError(f"config field {name!r}: {value} does not exist{hint}")
+        if name != "prompts" and not (Path(value) / "config.json").is_file():
+            raise ValueError(
+                f"config field {name!r}: {value} is not a local Hugging Face checkpoint (no config.json)"
+            )
+    if config.prompts is not None:
+        load_prompts(config.prompts, config.seed)
     needs_task = config.policy is None or config.reward is None or config.prompts is None
     names = available_tasks()
     if needs_task and names and config.task not in names:
@@ -115,6 +199,8 @@ def _same_vocabulary(first: PreTrainedTokenizerBase, second: PreTrainedTokenizer
 
 
 def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -123,7 +209,13 @@ def _load_tokenizer(path: str) -> PreTrainedTokenizerBase:
 
 def build_setup(config: TrainerConfig, user_fields: Collection[str]) -> tuple[TrainingSetup, TrainerConfig]:
     """Build the :class:`TrainingSetup` and the final config (task overrides below the user's values)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from ppo_ref.trainer.loop import TrainingSetup
+
     check_paths(config)
+    reward_function_spec = config.reward is not None and is_reward_function_spec(config.reward)
     task = None
     if config.policy is None or config.reward is None or config.prompts is None:
         task = _build_task(config.task, config.seed)
@@ -147,7 +239,12 @@ def build_setup(config: TrainerConfig, user_fields: Collection[str]) -> tuple[Tr
 
     reward_function = reward_model = reward_tokenizer = None
     eval_reward_function = task.eval_reward_function if task is not None and config.prompts is None else None
-    if config.reward is not None:
+    reward_name = None
+    if config.reward is not None and reward_function_spec:
+        reward_function, eval_reward_function = load_reward_function(config.reward), None
+        reward_name = f"function {config.reward} (--reward)"
+    elif config.reward is not None:
+        reward_name = f"reward model {config.reward} (--reward)"
         reward_model = AutoModelForSequenceClassification.from_pretrained(config.reward, dtype=torch.float32)
         saved = any(
             (Path(config.reward) / name).exists() for name in ("tokenizer.json", "tokenizer_config.json")
@@ -158,13 +255,17 @@ def build_setup(config: TrainerConfig, user_fields: Collection[str]) -> tuple[Tr
     else:
         assert task is not None
         reward_function, reward_model = task.reward_function, task.reward_model
+        reward_name = (
+            f"{'reward model' if reward_model is not None else 'reward rule'} of task {config.task!r}"
+        )
         if reward_model is not None and not _same_vocabulary(task.tokenizer, tokenizer):
             reward_tokenizer = task.tokenizer
     reference = None
     if config.reference is not None:
         reference = AutoModelForCausalLM.from_pretrained(config.reference, dtype=torch.float32)
     well_formed = task.well_formed if task is not None and config.prompts is None else None
-    name = config.task if task is not None and config.policy is None else str(config.policy)
+    from_task = task is not None and config.policy is None
+    name = config.task if from_task else str(config.policy)
     setup = TrainingSetup(
         tokenizer=tokenizer,
         policy=policy,
@@ -177,5 +278,7 @@ def build_setup(config: TrainerConfig, user_fields: Collection[str]) -> tuple[Tr
         well_formed=well_formed,
         reference=reference,
         name=name,
+        task=config.task if task is not None else None,
+        reward_name=reward_name,
     )
     return setup, config

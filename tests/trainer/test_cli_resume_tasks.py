@@ -1,0 +1,73 @@
+"""Resume through the ``ppo-ref`` command, for every built-in tiny task (issue 15, item 1).
+
+The built-in tasks hand the trainer a policy warmed up in place, with its last warm-up gradient
+still in ``.grad``; resuming then crashed in torch's optimizer-state loader ("Expected device to be
+set"), and the straight run added that stale gradient to its first PPO step. Each task here runs
+3 iterations straight with a checkpoint after each, then is resumed from its iteration-1 checkpoint
+(a checkpoint directory, into a new --out) and from a copy of the run directory that holds only that
+checkpoint (a run directory, in place); both must end bitwise equal to the straight run.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from test_cli_as_a_user import ppo_ref
+
+from ppo_ref.trainer import load_checkpoint
+
+TIMING = ("seconds_", "tokens_per_second")
+SMALL = [
+    "--rollout-batch-size", "8", "--num-minibatches", "2", "--ppo-epochs", "2", "--eval-samples", "8",
+    "--max-new-tokens", "8", "--no-progress-bar", "--no-tensorboard", "--no-plots",
+]  # fmt: skip
+
+
+def assert_same_checkpoint(first: Path, second: Path) -> None:
+    """Every tensor (models, optimizer moments and steps) and the metrics are bitwise equal."""
+    one, two = load_checkpoint(first), load_checkpoint(second)
+    assert one.iteration == two.iteration
+    for name in ("policy", "critic", "reference"):
+        a, b = one.state_dict(name), two.state_dict(name)
+        assert a.keys() == b.keys()
+        assert not [k for k in a if not torch.equal(a[k], b[k])], name
+    a_opt, b_opt = one.optimizer_state(), two.optimizer_state()
+    assert a_opt is not None and b_opt is not None and a_opt["state"].keys() == b_opt["state"].keys()
+    for key, values in a_opt["state"].items():
+        for field, value in values.items():
+            assert torch.equal(value, b_opt["state"][key][field]), (key, field)
+    assert one.state["kl_coef"] == two.state["kl_coef"]
+
+    def strip(records: list[dict[str, object]]) -> list[dict[str, object]]:
+        return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
+
+    assert strip(one.metrics_records()) == strip(two.metrics_records())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["positive-review", "positive-review-rm", "reverse", "length"])
+def test_resume_on_the_command_line_ends_equal_to_a_straight_run(tmp_path: Path, task: str) -> None:
+    straight = tmp_path / "straight"
+    result = ppo_ref("train", "--task", task, "--seed", "3", "--iterations", "3", "--save-every", "1",
+                     "--out", str(straight), *SMALL)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    final = straight / "checkpoints" / "iter-000003"
+
+    # A checkpoint directory, into a new --out (the issue's command).
+    moved = tmp_path / "moved"
+    result = ppo_ref("train", "--iterations", "3", "--resume", str(straight / "checkpoints" / "iter-000001"),
+                     "--out", str(moved))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert_same_checkpoint(final, moved / "checkpoints" / "iter-000003")
+
+    # A run directory whose newest checkpoint is iteration 1, continued in place (default --out).
+    in_place = tmp_path / "in_place"
+    shutil.copytree(straight, in_place)
+    for later in ("iter-000002", "iter-000003"):
+        shutil.rmtree(in_place / "checkpoints" / later)
+    result = ppo_ref("train", "--resume", str(in_place))
+    assert result.returncode == 0, result.stderr
+    assert_same_checkpoint(final, in_place / "checkpoints" / "iter-000003")

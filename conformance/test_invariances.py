@@ -42,7 +42,8 @@ def _estimator(ctx: Context, data: st.DataObject) -> str:
 
 
 def _agg(ctx: Context, data: st.DataObject) -> str:
-    return data.draw(st.sampled_from(sorted(ctx.conventions.loss_aggregations)), label="loss_agg")
+    modes = sorted(set(ctx.conventions.loss_aggregations) & set(cs.LOSS_AGGREGATIONS))  # norm mode: AGG-1
+    return data.draw(st.sampled_from(modes), label="loss_agg")
 
 
 def _masked(ctx: Context, data: st.DataObject, min_tokens: int = 0) -> dict[str, Any]:

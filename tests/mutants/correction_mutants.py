@@ -120,7 +120,7 @@ def rollout_correction_padding_in_sequence_ratio(
         return weights
     keep = bool_mask(mask)
     dtype = work_dtype(logp, rollout_logp)
-    log_w = logp.detach().to(dtype) - rollout_logp.to(dtype)
+    log_w = logp.detach().to(dtype) - rollout_logp.detach().to(dtype)
     # BUG (IS-2): the row's log-ratio summed over every position, padding included (the sampler's
     # and the trainer's log-probs of padded slots are not masked before the sum)
     row = log_w.sum(dim=1)
@@ -196,7 +196,7 @@ def rollout_correction_probability_ratio(
     keep = bool_mask(mask)
     # BUG (IS-3): w = exp(logp) / exp(rollout_logp), a ratio of probabilities in the inputs' dtype:
     # below log-prob -104 float32 underflows to 0 and 0 / 0 = NaN where the log-probs agree
-    ratio = torch.exp(logp.detach()) / torch.exp(rollout_logp)
+    ratio = torch.exp(logp.detach()) / torch.exp(rollout_logp.detach())
     log_w = torch.where(keep, ratio.log().to(weights.dtype), torch.zeros((), dtype=weights.dtype))
     return _finish(log_w, keep, mode, high, low)
 

@@ -260,20 +260,24 @@ class BareCompute:
         }
 
     @torch.no_grad()
-    def forwards(self) -> None:
+    def forwards(self) -> dict[str, Tensor]:
+        """The four no-grad forwards; returns their outputs (policy and reference logits, values, scores)."""
         keep = self.sequences.response_width + 1
         inputs = self._inputs()
         with self.autocast():
-            self.policy(**inputs, logits_to_keep=keep)
-            self.reference(**inputs, logits_to_keep=keep)
-            self.critic(**inputs, keep_last=keep)
+            policy = self.policy(**inputs, logits_to_keep=keep).logits
+            reference = self.reference(**inputs, logits_to_keep=keep).logits
+            values = self.critic(**inputs, keep_last=keep)
             hidden = self.reward_backbone(**inputs).last_hidden_state
-            self.reward_head(hidden[:, -1])
+            scores = self.reward_head(hidden[:, -1])
+        return {"policy_logits": policy, "reference_logits": reference, "values": values, "scores": scores}
 
-    def update(self) -> None:
+    def update(self) -> list[Tensor]:
+        """The PPO epochs' optimizer steps on fixed data; returns each step's loss (detached, no sync)."""
         config = self.config
         width = self.sequences.response_width
         clip, value_clip = config.clip_eps, config.value_clip_eps or float("inf")
+        losses: list[Tensor] = []
         for _ in range(config.ppo_epochs):
             for start in range(0, config.rollout_batch_size, config.minibatch_size):
                 rows = slice(start, start + config.minibatch_size)
@@ -289,9 +293,12 @@ class BareCompute:
                 old, ret = self.old_values[rows], self.returns[rows]
                 clipped = old + (values - old).clamp(-value_clip, value_clip)
                 vf = 0.5 * torch.maximum((values - ret) ** 2, (clipped - ret) ** 2).mean()
-                (pg + config.vf_coef * vf).backward()
+                loss = pg + config.vf_coef * vf
+                loss.backward()
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
+                losses.append(loss.detach())
+        return losses
 
     def _seconds(self, call: Callable[[], object], repeats: int) -> float:
         def synchronized() -> None:

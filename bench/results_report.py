@@ -226,7 +226,7 @@ def _trainer_section(lines: list[str], run: dict[str, Any], t: dict[str, Any]) -
     add("## Trainer: one PPO iteration, ppo-ref against TRL 1.12's PPOTrainer")
     add("")
     add(
-        "Settings (`bench/tiny_ppo.py`, from `../shared/research/third-party-ppo.md`): four separate "
+        "Settings (`bench/tiny_ppo.py`, those of issue 6): four separate "
         "random-init `GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64, vocab_size=64)` models "
         "(policy, frozen reference, value, reward), dropout 0, float32; PAD and EOS outside the "
         "vocabulary, so every response has 32 tokens; 640 fixed random 8-token prompts; batch 64; "

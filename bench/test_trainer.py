@@ -103,7 +103,23 @@ def test_bare_compute(benchmark: Any, trainer_and_stepper: tuple[Any, TrainStepp
     call = {"generate": bare.generate, "forwards": bare.forwards, "update": bare.update}[part]
     benchmark.group = "bare compute of one iteration"
     call()  # warm-up
-    benchmark.pedantic(call, rounds=1 if _disabled(benchmark) else 8, iterations=1)
+    before = [p.detach().clone() for p in bare.policy.parameters()]
+    result = benchmark.pedantic(call, rounds=1 if _disabled(benchmark) else 8, iterations=1)
+    rows, width = s.BATCH, bare.sequences.response_width
+    if part == "generate":
+        assert result.response_ids.shape == result.response_mask.shape
+        assert result.response_ids.shape[0] == rows and 1 <= result.response_ids.shape[1] <= s.RESPONSE_TOKENS
+        assert result.ended.shape == (rows,) and bool(result.response_mask.any(dim=1).all())
+    elif part == "forwards":
+        assert result["policy_logits"].shape == result["reference_logits"].shape
+        assert result["policy_logits"].shape[:2] == (rows, width + 1)
+        assert result["values"].shape == (rows, width + 1) and result["scores"].shape[0] == rows
+        assert all(bool(torch.isfinite(t).all()) for t in result.values())
+    else:
+        steps = bare.config.ppo_epochs * bare.config.rollout_batch_size // bare.config.minibatch_size
+        assert len(result) == steps and all(bool(torch.isfinite(loss)) for loss in result)
+        after = list(bare.policy.parameters())
+        assert any(not torch.equal(a, b) for a, b in zip(before, after, strict=True)), "no parameter moved"
 
 
 def test_overhead(benchmark: Any, trainer_and_stepper: tuple[Any, TrainStepper]) -> None:

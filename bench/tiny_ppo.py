@@ -5,8 +5,8 @@ Imported by both sides of the comparison: ppo-ref's trainer (``bench/trainer_wor
 exactly the same four randomly initialised GPT-2 models from the same seeds, the same tokenizer
 and the same 640 prompts, so the two trainers differ only in their own code.
 
-Settings (``../shared/research/third-party-ppo.md``, "TRL 1.12 PPOTrainer against a lean PPO
-loop"): four separate ``GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64,
+Settings (those of issue 6's "TRL 1.12 PPOTrainer against a lean PPO loop" comparison, all
+written here): four separate ``GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=64,
 vocab_size=64)`` models (policy, frozen reference, value, reward), dropout 0, float32; PAD and EOS
 outside the model vocabulary, so every response is exactly 32 tokens; 640 fixed random 8-token
 prompts; batch 64; 32 new tokens at temperature 1; 4 epochs x 4 minibatches of 16; no gradient

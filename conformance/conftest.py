@@ -7,6 +7,10 @@ Options (registered here, so give ``conformance/`` or a file in it on the comman
   importable ``module:attribute``). Default: the environment variable ``PPO_REF_IMPL``, else ``mine``.
 - ``--conformance-examples=N``: Hypothesis examples per property (environment variable
   ``PPO_REF_CONFORMANCE_EXAMPLES``; default a third of the profile's ``max_examples``).
+- ``--conformance-output=compact``: instead of pytest's tracebacks, one block per failing clause
+  (the case or property, its input, expected against got, one reproduction), related failing
+  clauses (same op) grouped under the first (env ``PPO_REF_CONFORMANCE_OUTPUT``; default ``full``).
+- ``--conformance-shrink``: let Hypothesis shrink failing examples (off by default: much slower).
 - ``--conformance-report=PATH``: write ``PATH.json`` and ``PATH.md`` (a trailing ``.json`` or
   ``.md`` on PATH is dropped first, so PATH is a stem).
 - Hypothesis profiles come from ``conformance.strategies.register_profiles``: ``default``
@@ -23,6 +27,7 @@ adapter ops it calls (skipped as "not provided" when the adapter does not list o
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Mapping
 
@@ -41,7 +46,7 @@ from ppo_ref.adapters import (
     get_adapter,
     parse_conventions,
 )
-from ppo_ref.adapters.conventions import CONVENTIONS, describe
+from ppo_ref.adapters.conventions import CONVENTIONS, LOSS_AGGREGATIONS, describe
 
 # Registered at import, before Hypothesis' plugin reads --hypothesis-profile in pytest_configure.
 register_profiles()
@@ -68,6 +73,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "profile's max_examples, i.e. 20 under 'default' and 333 under 'thorough')",
     )
     group.addoption(
+        "--conformance-output",
+        choices=("full", "compact"),
+        default=os.environ.get("PPO_REF_CONFORMANCE_OUTPUT", "full"),
+        help="compact: instead of pytest's tracebacks, one block per failing clause (input, expected "
+        "vs got, one reproduction; related clauses grouped); full (default): pytest's own output "
+        "(env PPO_REF_CONFORMANCE_OUTPUT)",
+    )
+    group.addoption(
+        "--conformance-shrink",
+        action="store_true",
+        default=os.environ.get("PPO_REF_CONFORMANCE_SHRINK", "") not in ("", "0"),
+        help="let Hypothesis shrink a failing example (smaller inputs, much slower failures; off by "
+        "default; env PPO_REF_CONFORMANCE_SHRINK=1)",
+    )
+    group.addoption(
         "--conformance-report",
         default=None,
         metavar="PATH",
@@ -75,13 +95,59 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+OPTION_KEYWORDS: Mapping[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "clip_eps_high": (("policy_loss", ("clip_eps_high",)),),
+    "dual_clip": (("policy_loss", ("dual_clip",)),),
+    "counts": (
+        ("policy_loss", ("norm_constant", "token_count", "row_count")),
+        ("value_loss", ("loss_agg", "norm_constant", "token_count", "row_count")),
+    ),
+}
+"""policy_loss_options value -> (op, keywords it must accept) for each op that uses it."""
+
+
+def _accepts(function: object, keywords: tuple[str, ...]) -> bool:
+    """Whether ``function`` takes every keyword (True when its signature cannot be read)."""
+    try:
+        parameters = inspect.signature(function).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return True
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return True
+    return all(k in parameters for k in keywords)
+
+
+def _inferred_capabilities(adapter: object, declared: Mapping[str, object]) -> dict[str, object]:
+    """For an adapter that does not declare ``policy_loss_options`` (one written before CLIP-1..3
+    and AGG-1..3): the options whose keywords its policy_loss / value_loss signatures accept, and
+    without ``counts`` no ``seq-mean-token-sum-norm`` (it needs ``norm_constant``) unless
+    ``loss_aggregations`` is declared. So an older adapter keeps its verdicts and the new rows read
+    "not provided" instead of failing on a keyword it was never given."""
+    if "policy_loss_options" in declared:
+        return {}
+    ops = getattr(adapter, "ops", frozenset())
+    ops = ops if isinstance(ops, (set, frozenset)) else frozenset()
+    options = [
+        option
+        for option, uses in OPTION_KEYWORDS.items()
+        if all(op not in ops or _accepts(getattr(adapter, op, None), keywords) for op, keywords in uses)
+    ]
+    if len(options) == len(OPTION_KEYWORDS):
+        return {}
+    inferred: dict[str, object] = {"policy_loss_options": options}
+    if "counts" not in options and "loss_aggregations" not in declared:
+        inferred["loss_aggregations"] = [a for a in LOSS_AGGREGATIONS if a != "seq-mean-token-sum-norm"]
+    return inferred
+
+
 def _declared_conventions(adapter: object) -> ConventionSet:
-    """The valid part of the adapter's conventions (invalid keys fail the contract test instead)."""
+    """The valid part of the adapter's conventions (invalid keys fail the contract test instead),
+    with the capabilities of an older adapter inferred where it declares none (see above)."""
     declared = getattr(adapter, "conventions", None)
     if not isinstance(declared, Mapping):
         return ConventionSet()
     valid = {k: v for k, v in declared.items() if not convention_problems({k: v})}
-    return parse_conventions(valid)
+    return parse_conventions({**_inferred_capabilities(adapter, declared), **valid})
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -91,7 +157,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "needs(*capabilities): declared capabilities a conformance test needs (kl_estimator:k2, ...)",
     )
-    configure_examples(config.getoption("--conformance-examples"))
+    configure_examples(config.getoption("--conformance-examples"), config.getoption("--conformance-shrink"))
+    compact = config.getoption("--conformance-output") == "compact"
+    if compact and config.option.tbstyle == "auto":  # the compact blocks replace the tracebacks
+        config.option.tbstyle = "no"
+        chars = config.option.reportchars.replace("A", "sxXpP").replace("a", "sxX")
+        config.option.reportchars = chars.replace("f", "").replace("E", "")
     impl = config.getoption("--impl")
     try:
         adapter = get_adapter(impl)
@@ -101,7 +172,7 @@ def pytest_configure(config: pytest.Config) -> None:
     context = Context(adapter, impl, conventions, ReferenceVariant(conventions))
     config.stash[CONTEXT_KEY] = context
     recorder = ConformanceRecorder(
-        context, config.getoption("--conformance-report"), config.invocation_params.args
+        context, config.getoption("--conformance-report"), config.invocation_params.args, compact=compact
     )
     config.pluginmanager.register(recorder, "ppo-ref-conformance-recorder")
 

@@ -279,7 +279,7 @@ def run_primitives(impls: dict[str, Path], env: dict[str, str], max_time: float)
 
 
 def run_memory(impls: dict[str, Path], env: dict[str, str]) -> list[dict[str, Any]]:
-    results = []
+    results: list[dict[str, Any]] = []
     for name, python in impls.items():
         for vocab in VOCABS:
             command = [str(python), "-m", "bench.logprobs_memory", "--impl", name, "--vocab", str(vocab)]

@@ -158,6 +158,7 @@ def test_conformance_suite_wall_time(benchmark: Any) -> None:
     assert outcome["returncode"] == 0, outcome["summary"]
 
 
+@pytest.mark.thirdparty
 @pytest.mark.skipif(not TRL_PYTHON.exists(), reason="TRL 1.12's environment .envs/trl is not built")
 def test_trl_side_runs() -> None:
     """TRL 1.12's PPOTrainer at the same settings still runs (timed against ppo-ref by run_bench)."""

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conformance.cases import spec_clauses
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # each test starts pytest in a subprocess, most run the whole suite
 
 
 def _run_suite(*args: str) -> subprocess.CompletedProcess[str]:

@@ -41,6 +41,7 @@ def _records(path: Path) -> list[dict[str, object]]:
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_processes_train_like_one(tmp_path: Path) -> None:
     """One iteration pair of the float64 tiny task (batch 8, minibatches of 4, micro-batches of 1,
     adaptive KL, entropy bonus) in one process here and in two torchrun processes over gloo.

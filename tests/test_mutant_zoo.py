@@ -163,7 +163,9 @@ def _killed(record: Mapping[str, Any]) -> bool:
 @pytest.mark.slow
 def test_the_conformance_suite_kills_every_mutant(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``pytest conformance/ -x --impl=<mutant>`` fails for every mutant, and passes for ``mine``
-    (run first and last: the sessions share one process, so the last run shows nothing leaked)."""
+    (run first and last: the sessions share one process, so the last run shows nothing leaked).
+    A mutant's session runs only the tests that call its op (the others give it mine's pass; see
+    ``tests.mutants.run_suite``)."""
     impls = ["mine", *(spec.impl for spec in SPECS), "mine"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PPO_REF_")}
     env["HYPOTHESIS_PROFILE"] = "default"
@@ -194,7 +196,7 @@ def test_the_conformance_suite_kills_every_mutant(tmp_path: Path, capsys: pytest
         f"mutant zoo: {len(SPECS) - len(survivors)}/{len(SPECS)} killed "
         f"({100 * (len(SPECS) - len(survivors)) / len(SPECS):.0f}%), {len(HIDDEN)} hide without a trigger; "
         f"wall {wall:.0f} s (mine {records[0]['seconds']:.1f} s and {records[-1]['seconds']:.1f} s)",
-        f"{'mutant':44} {'bug':16} {'trigger':9} {'killed by (clauses)':22} first failing test",
+        f"{'mutant':46} {'bug':16} {'trigger':9} {'killed by (clauses)':22} first failing test",
     ]
     for spec in SPECS:
         record = mutant_records[spec.name]
@@ -202,7 +204,7 @@ def test_the_conformance_suite_kills_every_mutant(tmp_path: Path, capsys: pytest
         first = record["failed_tests"][0].removeprefix("conformance/") if record["failed_tests"] else "-"
         hides = "hides" if spec.trigger else "always"
         lines.append(
-            f"{spec.name:44} {spec.bug:16} {hides:9} {clauses:22} {first} ({record['seconds']:.1f} s)"
+            f"{spec.name:46} {spec.bug:16} {hides:9} {clauses:22} {first} ({record['seconds']:.1f} s)"
         )
     with capsys.disabled():
         print("\n".join(lines))

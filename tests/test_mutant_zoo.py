@@ -19,6 +19,7 @@ from torch import Tensor
 
 from ppo_ref.adapters import OP_NAMES, contract_problems, get_adapter
 from tests.mutants.base import MutantSpec
+from tests.mutants.run_suite import mutated_op
 from tests.mutants.zoo import MUTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,6 +145,12 @@ def test_mutant_agrees_with_mine_without_its_trigger(spec: MutantSpec) -> None:
     assert spec.hides_on is not None
     problems = _differences(spec, spec.hides_on())
     assert not problems, f"{spec.name} (trigger: {spec.trigger}) differs without its trigger: {problems}"
+
+
+def test_the_runner_focuses_each_mutant_on_its_op() -> None:
+    """The slow test's runner keeps, for a mutant, the tests that call its op; mine runs everything."""
+    assert mutated_op("mine") is None
+    assert [spec.name for spec in SPECS if mutated_op(spec.impl) != spec.op] == []
 
 
 def _killing_clauses(record: Mapping[str, Any]) -> list[str]:

@@ -1,8 +1,9 @@
 """The mutant zoo: adapters that wrap ``mine`` with exactly one real bug each.
 
 Each mutant (:class:`tests.mutants.base.MutantSpec`) replaces one op of the reference adapter by a
-buggy version written the way a real trainer had it, and cites the row of the bug catalogue
-(``shared/research/known-bugs.md``) the bug comes from. ``tests/test_mutant_zoo.py`` runs the
+buggy version written the way a real trainer had it, and cites where the bug comes from: a row of
+the project's bug catalogue (``C8``), an upstream issue or pull request (``verl#7321``,
+``SkyRL-PR#1928``), or the spec clause that names the pitfall (``GRP-2``). ``tests/test_mutant_zoo.py`` runs the
 conformance suite against every mutant and requires each one to fail at least one clause.
 
 Run one by hand::

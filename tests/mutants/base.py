@@ -33,8 +33,8 @@ class MutantSpec:
 
     Attributes:
         name: short id, ``<bug>-<what>`` (the adapter is named ``mutant:<name>``).
-        bug: where the bug comes from, in one of three forms: a row id of the bug catalogue
-            ``known-bugs.md`` (``A1``, ``C8``, ``D6b``); an upstream issue or pull request,
+        bug: where the bug comes from, in one of three forms: a row id of the project's bug
+            catalogue (``A1``, ``C8``, ``D6b``); an upstream issue or pull request,
             ``<project>#<number>`` or ``<project>-PR#<number>`` (``verl#7321``, ``TRL#3823``,
             ``SkyRL-PR#1928``, ``ms-swift#10117``); or the id of the spec clause whose stated
             pitfall it is, for a mistake the clause names without an upstream report (``GRP-2``).

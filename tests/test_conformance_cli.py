@@ -15,7 +15,7 @@ import pytest
 from conformance.cases import spec_clauses
 
 ROOT = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.slow  # each test starts pytest in a subprocess, most run the whole suite
+pytestmark = pytest.mark.multiprocess  # each test starts pytest in a subprocess (most: the whole suite)
 
 
 def _run_suite(*args: str) -> subprocess.CompletedProcess[str]:

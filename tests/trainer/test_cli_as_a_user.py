@@ -17,6 +17,7 @@ from tiny_task import PROMPTS, tiny_policy, tiny_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 PPO_REF = Path(sys.executable).with_name("ppo-ref")
+pytestmark = pytest.mark.multiprocess  # every test starts the ppo-ref command in a subprocess
 
 
 def ppo_ref(

@@ -3,7 +3,7 @@
 A minibatch's loss is one token-mean over all its action tokens, however it is split into
 micro-batches: each micro-batch's token-mean loss is weighted by its share of the minibatch's
 tokens (its share of rows for the ``seq-mean-*`` policy-loss aggregations), so the accumulated
-gradient equals the gradient of the whole minibatch's loss (known bug E4: a plain mean of
+gradient equals the gradient of the whole minibatch's loss (bug E4 of docs/bug-catalogue.md: a plain mean of
 micro-batch means weights a 1-token micro-batch like a 9-token one).
 
 With W processes (:mod:`ppo_ref.trainer.distributed`) every process holds the whole rollout and

@@ -3,10 +3,10 @@
 The other properties draw log-ratios within +-3 and scores within +-5, the range where trainers'
 numerical guards never fire, so an undeclared guard went unnoticed:
 
-- PG-1 / PG-5 at extreme log-ratios (mutant ``B6-log-ratio-clamped-undeclared``, bug B6 of docs/bug-catalogue.md:
-  verl clamps ``logp - old_logp`` to +-20 before ``exp``). Log-ratios up to +-30 occur for tokens
-  the old policy found very unlikely (log-prob -30 and below). A declared ``log_ratio_clamp`` is
-  honoured: the reference variant applies it.
+- PG-1 / PG-5 at extreme log-ratios (mutant ``B6-log-ratio-clamped-undeclared``, bug B6 of
+  ``docs/bug-catalogue.md``: verl clamps ``logp - old_logp`` to +-20 before ``exp``). Log-ratios
+  up to +-30 occur for tokens the old policy found very unlikely (log-prob -30 and below). A
+  declared ``log_ratio_clamp`` is honoured: the reference variant applies it.
 - RWD-2 with large scores (mutant ``G6-score-clipped-undeclared``, bug G6: OpenRLHF's
   ``compute_reward`` clips scores to +-10 by default). The score must be placed unchanged.
 """

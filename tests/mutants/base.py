@@ -24,7 +24,7 @@ Inputs = Callable[[], dict[str, Any]]
 CLAUSE_ID = re.compile(r"[A-Z]{2,6}-\d+")
 """A spec clause id: ``GAE-2``, ``GRP-3``, ``CISPO-1``."""
 BUG_ID = re.compile(rf"[A-G]\d+[a-z]?|[A-Za-z][A-Za-z0-9_.-]*?(-PR)?#\d+|{CLAUSE_ID.pattern}")
-"""``MutantSpec.bug``: a known-bugs row id, ``<project>#<n>`` / ``<project>-PR#<n>``, or a clause id."""
+"""``MutantSpec.bug``: a bug-catalogue row id, ``<project>#<n>`` / ``<project>-PR#<n>``, or a clause id."""
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ class MutantSpec:
 
     Attributes:
         name: short id, ``<bug>-<what>`` (the adapter is named ``mutant:<name>``).
-        bug: where the bug comes from, in one of three forms: a row id of the project's bug
-            catalogue (``A1``, ``C8``, ``D6b``); an upstream issue or pull request,
+        bug: where the bug comes from, in one of three forms: a row id of the bug catalogue
+            ``docs/bug-catalogue.md`` (``A1``, ``C8``, ``D6b``); an upstream issue or pull request,
             ``<project>#<number>`` or ``<project>-PR#<number>`` (``verl#7321``, ``TRL#3823``,
             ``SkyRL-PR#1928``, ``ms-swift#10117``); or the id of the spec clause whose stated
             pitfall it is, for a mistake the clause names without an upstream report (``GRP-2``).
@@ -62,7 +62,7 @@ class MutantSpec:
     def __post_init__(self) -> None:
         if not BUG_ID.fullmatch(self.bug):
             raise ValueError(
-                "bug: expected a known-bugs row id ('C8'), an upstream reference ('verl#7321', "
+                "bug: expected a bug-catalogue row id ('C8'), an upstream reference ('verl#7321', "
                 f"'SkyRL-PR#1928') or a spec clause id ('GRP-2'), got {self.bug!r}"
             )
         if self.clause is not None and not CLAUSE_ID.fullmatch(self.clause):
@@ -107,12 +107,12 @@ class MutantAdapter:
 
 
 def _source(bug: str) -> str:
-    """How the provenance cites a bug: its known-bugs row, upstream reference or spec clause."""
+    """How the provenance cites a bug: its bug-catalogue row, upstream reference or spec clause."""
     if "#" in bug:
         return bug
     if CLAUSE_ID.fullmatch(bug):
         return f"spec {bug}"
-    return f"known-bugs {bug}"
+    return f"docs/bug-catalogue.md {bug}"
 
 
 def bool_mask(mask: Tensor) -> Tensor:

@@ -112,7 +112,7 @@ def _source(bug: str) -> str:
         return bug
     if CLAUSE_ID.fullmatch(bug):
         return f"spec {bug}"
-    return f"docs/bug-catalogue.md {bug}"
+    return f"bug {bug} of docs/bug-catalogue.md"
 
 
 def bool_mask(mask: Tensor) -> Tensor:

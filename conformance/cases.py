@@ -374,10 +374,17 @@ def _compare(label: str, actual: Any, expected: Any, atol: float) -> str | None:
     close = torch.isclose(got, want, rtol=0.0, atol=atol, equal_nan=True)
     if bool(same_nan.all()) and bool(close.all()):
         return None
-    finite = ~torch.isnan(got) & ~torch.isnan(want)
-    diff = (got - want).abs().where(finite, torch.zeros(()))
-    worst = float(diff.max()) if diff.numel() else 0.0
-    return f"{label}: expected {want.tolist()}, got {got.tolist()} (max abs diff {worst:.3g}, atol {atol:g})"
+    # A NaN against a number (or the other way round) and an infinity against anything else are
+    # mismatches of infinite size, never a difference of 0.
+    bad = ~(same_nan & close)
+    diff = torch.where(bad, (got - want).abs().nan_to_num(nan=math.inf), torch.zeros(()))
+    worst = float(diff.max())
+    first = tuple(int(i) for i in bad.nonzero()[0].tolist())
+    at = f" at index {first}" if first else ""
+    return (
+        f"{label}: expected {want.tolist()}, got {got.tolist()} (first mismatch{at}: got "
+        f"{got[first].item()!r}, expected {want[first].item()!r}; max abs diff {worst:.3g}, atol {atol:g})"
+    )
 
 
 def _is_named(error: BaseException, name: str) -> bool:
@@ -395,6 +402,11 @@ def run_case(case: Case, impl: object, impl_setup: str | None = None) -> list[st
 
     def failure(detail: str) -> list[str]:
         return [f"{case.id} ({case.clause}, {case.file}): {detail}\nreproduce:\n{repro}"]
+
+    def failures(details: list[str]) -> list[str]:
+        """One message per problem; only the last carries the reproduction (it is the same for all)."""
+        heads = [f"{case.id} ({case.clause}, {case.file}): {detail}" for detail in details]
+        return [*heads[:-1], f"{heads[-1]}\nreproduce:\n{repro}"] if heads else []
 
     function = getattr(impl, case.op, None)
     if not callable(function):
@@ -430,7 +442,7 @@ def run_case(case: Case, impl: object, impl_setup: str | None = None) -> list[st
         problems.extend(_check_grad(case.grad, outputs, inputs[case.grad.wrt], case.atol))
     if case.weighted_sum is not None:
         problems.extend(_check_weighted_sum(case.weighted_sum, outputs, case.atol))
-    return [message for problem in problems for message in failure(problem)]
+    return failures(problems)
 
 
 def _check_grad(check: GradCheck, outputs: Mapping[str, Any], wrt: Tensor, atol: float) -> list[str]:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,17 @@ from conformance.support import Context
 from ppo_ref.adapters import contract_problems, convention_problems
 from ppo_ref.adapters.conventions import describe
 
-__all__ = ["CONTRACT", "ConformanceRecorder", "TestRecord", "build_report", "render_markdown", "report_paths"]
+__all__ = [
+    "CONTRACT",
+    "ConformanceRecorder",
+    "ParsedFailure",
+    "TestRecord",
+    "build_report",
+    "compact_summary",
+    "parse_failure",
+    "render_markdown",
+    "report_paths",
+]
 
 CONTRACT = "CONTRACT"
 VERDICTS = ("pass", "declared convention", "fail", "not provided", "not applicable", "not run")
@@ -41,38 +52,122 @@ VERDICTS = ("pass", "declared convention", "fail", "not provided", "not applicab
 
 @dataclass
 class TestRecord:
-    """The outcome of one test item (all phases folded): passed, failed or skipped, and why."""
+    """The outcome of one test item (all phases folded): passed, failed or skipped, and why.
+
+    A failure keeps its message (expected against got), the input it failed on and the whole
+    reproduction (Python code), parsed from the failure's text by :func:`parse_failure`.
+    """
 
     nodeid: str
     clauses: tuple[str, ...]
     outcome: str = "not run"
     message: str = ""
+    ops: tuple[str, ...] = ()
+    inputs: str = ""
+    reproduction: str = ""
 
 
-_EXPLANATION_STARTS = (
+_MESSAGE_ENDS = (
     "assert ",
     "+  where",
     "Failing test case",
     "Falsifying example",
     "# The test",
     "where ",
+    "reproduce:",
+    "# --- reproduction",
+    "Explanation:",
+    "You can reproduce",
+    "import torch",
 )
+_EXCEPTION_PREFIXES = ("AssertionError: ", "Failed: ")
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][\w\[\], ]* = ")
 
 
-def _failure_message(report: pytest.TestReport) -> str:
-    """The failure's own message: the ``E`` lines up to pytest's or Hypothesis' explanation."""
-    text = report.longreprtext or ""
-    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
-    lines: list[str] = []
-    for line in errors:
-        if line.startswith(_EXPLANATION_STARTS):
-            break
+@dataclass(frozen=True)
+class ParsedFailure:
+    """A failure's text split into what a reader needs: the message (expected against got), the
+    input it failed on, and one whole reproduction (the last one noted: the failing call)."""
+
+    message: str
+    inputs: str
+    reproduction: str
+
+
+def _error_lines(text: str) -> list[str]:
+    """The ``E`` lines of a pytest failure, stripped (the reproductions' code is flat)."""
+    return [line[1:].strip() for line in text.splitlines() if line == "E" or line.startswith("E ")]
+
+
+def _reproductions(lines: list[str]) -> list[list[str]]:
+    """Every reproduction in the lines: Hypothesis notes (``# --- reproduction``) and hand cases
+    (the code after ``reproduce:``, or a block that starts with ``import torch``)."""
+    blocks: list[list[str]] = []
+    current: list[str] | None = None
+    for line in lines:
+        starts = line.startswith("# --- reproduction") or (line == "import torch" and current is None)
+        if line == "reproduce:" or starts:
+            current = [] if line == "reproduce:" else [line]
+            blocks.append(current)
+            continue
+        if current is None:
+            continue
+        if not line or line.startswith(("assert ", "Explanation:", "You can reproduce", "Failing test case")):
+            current = None
+            continue
+        if _looks_like_code(line):
+            current.append(line)
+        else:  # the next problem's message of a hand case: the block has ended
+            current = None
+    return [block for block in blocks if block]
+
+
+def _looks_like_code(line: str) -> bool:
+    return line.startswith(("import ", "from ", "print(", "#", "nan, inf")) or bool(_ASSIGNMENT.match(line))
+
+
+def _input_lines(reproduction: list[str]) -> list[str]:
+    """The lines of a reproduction that define the inputs and make the call."""
+    keep = []
+    for line in reproduction:
+        if line.startswith(("args = ", "kwargs = ", "result = impl.")):
+            keep.append(line)
+        elif " = torch.tensor(" in line.split("#")[0] and not line.startswith(("impl", "reference")):
+            keep.append(line)
+    return keep
+
+
+def parse_failure(text: str) -> ParsedFailure:
+    """Split a failed conformance test's text (pytest's long representation) into message, input
+    and reproduction. Nothing is cut: the message keeps every problem line, the reproduction all of
+    its code."""
+    lines = _error_lines(text)
+    message: list[str] = []
+    for line in lines:
+        if line.startswith(_MESSAGE_ENDS):
+            if message:
+                break
+            continue
         if line:
-            lines.append(line)
-    if not lines:
-        lines = errors[:1] or [line.strip() for line in text.splitlines() if line.strip()][-1:]
-    message = " ".join(lines[:4])
-    return message if len(message) <= 600 else message[:597] + "..."
+            message.append(line)
+    if not message:
+        message = lines[:1] or [line.strip() for line in text.splitlines() if line.strip()][-1:]
+    if message:
+        for prefix in _EXCEPTION_PREFIXES:
+            message[0] = message[0].removeprefix(prefix)
+    blocks = _reproductions(lines)
+    reproduction = blocks[-1] if blocks else []
+    inputs = _input_lines(reproduction)
+    if not inputs:  # no reproduction: the example Hypothesis reports
+        start = next((i for i, line in enumerate(lines) if line.startswith("Failing test case")), None)
+        if start is not None:
+            block = []
+            for line in lines[start + 1 :]:
+                if line == ")":
+                    break
+                block.append(line)
+            inputs = block
+    return ParsedFailure("\n".join(message), "\n".join(inputs), "\n".join(reproduction))
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
@@ -100,23 +195,55 @@ class ConformanceRecorder:
     report_path: str | None
     args: Sequence[str]
     records: dict[str, TestRecord] = field(default_factory=dict)
+    compact: bool = False
+    _texts: dict[str, str] = field(default_factory=dict)
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
             clauses = tuple(c for marker in item.iter_markers("clause") for c in marker.args)
+            ops = tuple(op for marker in item.iter_markers("ops") for op in marker.args)
             if clauses and "conformance" in Path(str(item.path)).parts:
-                self.records[item.nodeid] = TestRecord(item.nodeid, tuple(dict.fromkeys(clauses)))
+                self.records[item.nodeid] = TestRecord(
+                    item.nodeid, tuple(dict.fromkeys(clauses)), ops=tuple(dict.fromkeys(ops))
+                )
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if report.failed and call.excinfo is not None and item.nodeid in self.records:
+            # The exception's own text, notes included (Hypothesis' example, the reproductions),
+            # whatever --tb style pytest prints it in.
+            error = call.excinfo.value
+            lines = [f"{type(error).__name__}: {error}", *getattr(error, "__notes__", [])]
+            self._texts[item.nodeid] = "\n".join(
+                "E   " + line for text in lines for line in str(text).splitlines()
+            )
+        return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = self.records.get(report.nodeid)
         if record is None or record.outcome == "failed":
             return
         if report.failed:
-            record.outcome, record.message = "failed", _failure_message(report)
+            parsed = parse_failure(self._texts.pop(report.nodeid, None) or report.longreprtext or "")
+            record.outcome, record.message = "failed", parsed.message
+            record.inputs, record.reproduction = parsed.inputs, parsed.reproduction
         elif report.skipped:
             record.outcome, record.message = "skipped", _skip_reason(report)
         elif report.when == "call" and report.passed:
             record.outcome = "passed"
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.compact:
+            return
+        titles = {CONTRACT: "Adapter contract and declared conventions", **spec_clauses()}
+        lines = compact_summary(list(self.records.values()), titles)
+        if lines:
+            terminalreporter.write_sep("=", "ppo-ref conformance failures (compact)", red=True, bold=True)
+            for line in lines:
+                terminalreporter.write_line(line)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
@@ -130,6 +257,77 @@ class ConformanceRecorder:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"conformance report: {json_path} and {md_path}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _indent(text: str, prefix: str = "    ") -> list[str]:
+    return [prefix + line for line in text.splitlines()]
+
+
+def compact_summary(records: Sequence[TestRecord], titles: dict[str, str]) -> list[str]:
+    """The compact failure output: one block per failing clause, related failures grouped.
+
+    Failing clauses are taken in the order of ``titles`` (the spec's order). A failing clause whose
+    failing tests call an op that an earlier failing clause's tests call too (one bug in ``gae``
+    fails GAE-1 to GAE-4) is listed under that earlier clause instead of getting a block. A block
+    shows the clause, the failing case or property (a hand case when there is one), the input,
+    expected against got, and the reproduction, once.
+    """
+    failing: dict[str, list[TestRecord]] = {}
+    for record in records:
+        if record.outcome == "failed":
+            for clause in record.clauses:
+                failing.setdefault(clause, []).append(record)
+    order = {clause: index for index, clause in enumerate(titles)}
+    clauses = sorted(failing, key=lambda c: (order.get(c, len(order)), c))
+    groups: list[tuple[str, set[str], list[str]]] = []  # (head clause, ops, related clauses)
+    for clause in clauses:
+        ops = {op for record in failing[clause] for op in record.ops}
+        home = next((g for g in groups if ops & g[1]), None)
+        if home is None:
+            groups.append((clause, set(ops), []))
+        else:
+            home[1].update(ops)
+            home[2].append(clause)
+    lines: list[str] = []
+    total = len({r.nodeid for r in records if r.outcome == "failed"})
+    for head, ops, related in groups:
+        tests = failing[head]
+        shown = next((r for r in tests if "test_hand_case[" in r.nodeid), tests[0])
+        kind = "hand case" if "test_hand_case[" in shown.nodeid else "property"
+        lines.append(
+            f"FAIL {head}: {titles.get(head, '(not in SPEC.md)')}"
+            + (f"  [op {', '.join(sorted(ops))}]" if ops else "")
+        )
+        lines.append(f"  {kind}: {shown.nodeid}")
+        if shown.inputs:
+            lines.append("  input:")
+            lines += _indent(shown.inputs)
+        lines.append("  expected vs got:")
+        lines += _indent(shown.message or "(no message)")
+        if shown.reproduction:
+            lines.append("  reproduce (python, in the repository root):")
+            lines += _indent(shown.reproduction)
+        others = [r.nodeid for r in tests if r is not shown]
+        if others:
+            more = f" (+{len(others) - 3} more)" if len(others) > 3 else ""
+            lines.append(f"  also failing in {head}: {', '.join(others[:3])}{more}")
+        if related:
+            counts = ", ".join(
+                f"{c} ({len(failing[c])} test{'s' if len(failing[c]) != 1 else ''})" for c in related
+            )
+            lines.append(f"  related (same op), not shown: {counts}")
+        lines.append("")
+    if lines:
+        lines.append(
+            f"{_count(total, 'failing test')} in {_count(len(clauses), 'clause')}, "
+            f"{_count(len(groups), 'block')} above; --conformance-output=full shows every traceback, "
+            "--conformance-report=PATH writes them all"
+        )
+    return lines
 
 
 def _clause_entry(clause: str, title: str, records: list[TestRecord], declared: list[str]) -> dict[str, Any]:
@@ -157,6 +355,8 @@ def _clause_entry(clause: str, title: str, records: list[TestRecord], declared: 
         "declared_conventions": declared,
         "failing_tests": [r.nodeid for r in failed],
         "first_failure": failed[0].message if failed else "",
+        "first_failure_test": failed[0].nodeid if failed else "",
+        "first_failure_reproduction": failed[0].reproduction if failed else "",
         "skip_reasons": skip_reasons,
     }
 
@@ -204,7 +404,8 @@ def _cell(text: str) -> str:
 
 def _notes(entry: dict[str, Any]) -> str:
     if entry["verdict"] == "fail":
-        return f"{len(entry['failing_tests'])} failing; first: {entry['first_failure'][:160]}"
+        first_line = entry["first_failure"].splitlines()[0] if entry["first_failure"] else ""
+        return f"{len(entry['failing_tests'])} failing; first: {first_line[:160]}"
     if entry["declared_conventions"]:
         return "checked against the variant for " + ", ".join(f"`{d}`" for d in entry["declared_conventions"])
     if entry["verdict"] in ("not provided", "not applicable", "not run"):
@@ -255,9 +456,15 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [
             f"### {entry['id']}: {entry['title']}",
             "",
-            f"First failure: {_cell(entry['first_failure'])}",
+            f"First failure (`{entry.get('first_failure_test', '')}`):",
+            "",
+            "```",
+            entry["first_failure"],
+            "```",
             "",
         ]
+        if entry.get("first_failure_reproduction"):
+            lines += ["Reproduction:", "", "```python", entry["first_failure_reproduction"], "```", ""]
         lines += [f"- `{nodeid}`" for nodeid in entry["failing_tests"]]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

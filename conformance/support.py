@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from hypothesis import note, settings
+from hypothesis import Phase, note, settings
 from torch import Tensor
 
 from conformance.strategies import tensor_code
@@ -178,23 +178,38 @@ def note_repro(ctx: Context, op: str, *args: object, **kwargs: object) -> None:
 
 
 _EXAMPLES: list[int] = []
+_SHRINK: list[bool] = []
 
 
-def configure_examples(count: int | None) -> None:
-    """Set the number of Hypothesis examples per conformance property (None: from the profile)."""
+def configure_examples(count: int | None, shrink: bool = False) -> None:
+    """Set the number of Hypothesis examples per conformance property (None: from the profile),
+    and whether a failing example is shrunk (``--conformance-shrink``; off by default)."""
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        raise ValueError(f"count: expected an int >= 1 or None, got {count!r}")
+    if not isinstance(shrink, bool):
+        raise ValueError(f"shrink: expected a bool, got {type(shrink).__name__}")
     _EXAMPLES.clear()
+    _SHRINK.clear()
     if count is not None:
         _EXAMPLES.append(count)
+    _SHRINK.append(shrink)
 
 
 def examples() -> settings:
     """Settings for one conformance property: ``--conformance-examples`` if given, else a third of
     the loaded profile's ``max_examples`` (20 under ``default``, 333 under ``thorough``), at least 5.
 
-    Applied when a test module is imported, which happens after the profile is loaded.
+    A failing example is reported as found, without Hypothesis' shrink and explain phases, which
+    made a failing run 10-25x slower than a passing one; ``--conformance-shrink`` turns them back
+    on (smaller examples, slower failures). The ``@reproduce_failure`` blob is not printed: the
+    suite's own reproduction reruns the failing call. Applied when a test module is imported,
+    which happens after the profile is loaded.
     """
     count = _EXAMPLES[0] if _EXAMPLES else max(5, settings().max_examples // 3)
-    return settings(max_examples=count)
+    if _SHRINK and _SHRINK[0]:
+        return settings(max_examples=count)
+    phases = [phase for phase in settings().phases if phase not in (Phase.shrink, Phase.explain)]
+    return settings(max_examples=count, phases=phases, print_blob=False)
 
 
 def _fresh(value: object) -> object:

@@ -183,8 +183,14 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return []
     adapter = context.adapter
     deviations = context.conventions.deviations()
+    written = getattr(adapter, "conventions", None)
+    inferred = _inferred_capabilities(adapter, written) if isinstance(written, Mapping) else {}
     declared = (
-        ", ".join(f"{k}={describe(v)}" for k, v in deviations.items()) or "none (reference conventions)"
+        ", ".join(
+            f"{k}={describe(v)}" + (" (inferred from the op signatures)" if k in inferred else "")
+            for k, v in deviations.items()
+        )
+        or "none (reference conventions)"
     )
     problems = contract_problems(adapter) + convention_problems(getattr(adapter, "conventions", None))
     lines = [

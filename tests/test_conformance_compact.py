@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conformance.cases import load_cases, run_case
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +24,7 @@ def _suite(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
 
 
+@pytest.mark.multiprocess  # runs pytest in a subprocess
 def test_compact_output_is_one_block_per_failing_clause_with_one_reproduction(tmp_path: Path) -> None:
     stem = tmp_path / "report"
     run = _suite(
@@ -62,6 +65,7 @@ def test_compact_output_is_one_block_per_failing_clause_with_one_reproduction(tm
     assert source in markdown  # the Markdown report keeps it whole too
 
 
+@pytest.mark.multiprocess  # runs pytest in a subprocess, twice
 def test_failing_examples_are_not_shrunk_unless_asked() -> None:
     """Shrinking (and Hypothesis' explain phase and blob) made failing runs 10-25x slower: off by
     default, on with --conformance-shrink."""

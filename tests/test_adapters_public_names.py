@@ -19,7 +19,7 @@ FILES = sorted(ADAPTERS.rglob("*.py"))
 
 def _math_imports(path: Path) -> list[tuple[str, str]]:
     """``(module, name)`` for every ``from ppo_ref.X import name`` outside ``ppo_ref.adapters``."""
-    found = []
+    found: list[tuple[str, str]] = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ppo_ref"):
             if node.module == "ppo_ref.adapters" or node.module.startswith("ppo_ref.adapters."):

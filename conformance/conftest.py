@@ -125,8 +125,10 @@ def _inferred_capabilities(adapter: object, declared: Mapping[str, object]) -> d
     "not provided" instead of failing on a keyword it was never given."""
     if "policy_loss_options" in declared:
         return {}
-    ops = getattr(adapter, "ops", frozenset())
-    ops = ops if isinstance(ops, (set, frozenset)) else frozenset()
+    declared_ops: object = getattr(adapter, "ops", frozenset())
+    ops: frozenset[object] = (
+        frozenset(declared_ops) if isinstance(declared_ops, (set, frozenset)) else frozenset()
+    )
     options = [
         option
         for option, uses in OPTION_KEYWORDS.items()

@@ -227,7 +227,7 @@ class ConformanceRecorder:
         if record is None or record.outcome == "failed":
             return
         if report.failed:
-            parsed = parse_failure(self._texts.pop(report.nodeid, None) or report.longreprtext or "")
+            parsed = parse_failure(self._texts.pop(report.nodeid, "") or report.longreprtext or "")
             record.outcome, record.message = "failed", parsed.message
             record.inputs, record.reproduction = parsed.inputs, parsed.reproduction
         elif report.skipped:

@@ -53,7 +53,7 @@ def _amplification(ctx: Context, batch: cs.GroupBatch) -> float:
     if batch.method != "grpo" or batch.std_scope == "none":
         return max(1.0, float(scores.abs().max()) if scores.numel() else 1.0)
     stds = []
-    for gid in batch.group_ids.unique():
+    for gid in torch.unique(batch.group_ids):
         group = scores[batch.group_ids == gid]
         if group.numel() > 1 and float(group.max() - group.min()) > 0:
             stds.append(float(group.std()) if batch.std_scope == "group" else float(scores.std()))
@@ -89,7 +89,7 @@ def test_groups_sum_to_zero_and_constant_groups_give_exactly_zero(
     out = _out(ctx, batch, **({"eps": 0.0} if eps_zero else {})).detach().double()
     alone = singleton_rows(batch.group_ids)
     rtol, _ = (1e-5, 0) if batch.scores.dtype == torch.float32 else (1e-7, 0)
-    for gid in batch.group_ids.unique():
+    for gid in torch.unique(batch.group_ids):
         rows = (batch.group_ids == gid) & ~alone
         if not bool(rows.any()):
             continue
@@ -138,7 +138,7 @@ def _affine_bound(ctx: Context, batch: cs.GroupBatch, a: float) -> Tensor:
     e = _eps(ctx, batch)
     scores = batch.scores.double()
     bound = torch.zeros_like(scores)
-    for gid in batch.group_ids.unique():
+    for gid in torch.unique(batch.group_ids):
         rows = batch.group_ids == gid
         if int(rows.sum()) < 2:
             continue

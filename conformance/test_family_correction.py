@@ -64,7 +64,8 @@ def _near_a_bound(batch: cs.CorrectionBatch, kwargs: dict[str, Any]) -> Tensor:
     near = (w - kwargs["high"]).abs() <= band * kwargs["high"]
     if "low" in kwargs:
         near |= (w - kwargs["low"]).abs() <= band * kwargs["low"]
-    return near & (batch.mask != 0)
+    result: Tensor = near & (batch.mask != 0)
+    return result
 
 
 def _by(name: str, values: tuple[str, ...], clause: Any) -> pytest.MarkDecorator:

@@ -462,6 +462,6 @@ def test_reference_helpers_agree() -> None:
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 1]])
     x = torch.arange(9, dtype=F64).reshape(3, 3).requires_grad_(True)
     for agg in cs.ALL_LOSS_AGGREGATIONS:
-        norm = {"norm_constant": 4.0} if agg == "seq-mean-token-sum-norm" else {}
+        norm: dict[str, Any] = {"norm_constant": 4.0} if agg == "seq-mean-token-sum-norm" else {}
         (grad,) = torch.autograd.grad(ppo_ref.aggregate_loss(x, mask, agg, **norm), x)
         torch.testing.assert_close(grad, _token_weights(mask, agg, norm.get("norm_constant")))

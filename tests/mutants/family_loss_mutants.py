@@ -48,7 +48,11 @@ def policy_loss_clip_high_swapped(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> PolicyLossResult:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     _policy_reference(
         logp,
         old_logp,
@@ -93,7 +97,11 @@ def policy_loss_dual_clip_any_sign(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> PolicyLossResult:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     result = _policy_reference(
         logp,
         old_logp,
@@ -173,7 +181,11 @@ def policy_loss_statistics_with_symmetric_range(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> PolicyLossResult:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     result = ppo_ref.policy_loss(
         logp,
         old_logp,
@@ -417,7 +429,11 @@ def cispo_loss_weight_not_detached(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> CISPOLossResult:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     ppo_ref.cispo_loss(logp.detach(), old_logp, advantages, mask, clip_low, clip_high, loss_agg, **counts)
     # BUG (CISPO-1): the clipped weight is not detached: the value is right, but inside the bounds
     # the gradient is -A * r * (1 + log p) instead of -A * r (a REINFORCE term and a PPO term mixed)
@@ -439,7 +455,11 @@ def cispo_loss_clipped_tokens_masked(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> CISPOLossResult:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     ppo_ref.cispo_loss(logp.detach(), old_logp, advantages, mask, clip_low, clip_high, loss_agg, **counts)
     # BUG (CISPO-1): PPO's habit kept: tokens whose weight was clipped lose their gradient, which is
     # what CISPO exists to avoid (MiniMax-M1 section 3.1: every token keeps -w A)
@@ -469,7 +489,11 @@ def cispo_loss_skyrl_default_bounds(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> CISPOLossResult:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     ppo_ref.cispo_loss(logp.detach(), old_logp, advantages, mask, clip_low, clip_high, loss_agg, **counts)
     low, high = SKYRL_031_CISPO_BOUNDS
     # BUG (SkyRL PR #1928): the bounds come from skyrl-train 0.3.1's config defaults
@@ -490,7 +514,11 @@ def cispo_loss_absolute_cap(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> CISPOLossResult:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     ppo_ref.cispo_loss(logp.detach(), old_logp, advantages, mask, clip_low, clip_high, loss_agg, **counts)
     # BUG (CISPO-2): TRL's parametrisation, min(r, epsilon_high), an absolute cap with no lower
     # bound, used without declaring it: clip_high read as the cap and clip_low ignored

@@ -51,7 +51,11 @@ def kl_loss_without_gradient(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> Tensor:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     # BUG (SkyRL #1340): the KL loss is computed inside a @torch.no_grad() helper: the right value
     # and no gradient at all, so the KL coefficient does nothing
     with torch.no_grad():
@@ -69,7 +73,11 @@ def kl_loss_k3_clamped(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> Tensor:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     ppo_ref.kl_loss(logp.detach(), ref_logp, mask, estimator, loss_agg, **counts)
     keep, delta = _delta(logp, ref_logp, mask)
     if estimator not in ("k3", "k3+"):
@@ -95,7 +103,11 @@ def kl_loss_k3_sign_flipped(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> Tensor:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     ppo_ref.kl_loss(logp.detach(), ref_logp, mask, estimator, loss_agg, **counts)
     keep, delta = _delta(logp, ref_logp, mask)
     if estimator not in ("k3", "k3+"):
@@ -123,7 +135,11 @@ def kl_loss_k3_plus_is_k3(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> Tensor:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     # BUG (TRL #4967, OpenRLHF PR #1309): k3 backpropagated as it is: the value of k3+ but the
     # gradient 1 - e^-delta, whose expectation under pi is the gradient of KL(pi_ref || pi), not of
     # KL(pi || pi_ref)
@@ -146,7 +162,11 @@ def kl_loss_ignores_loss_agg(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> Tensor:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     ppo_ref.kl_loss(logp.detach(), ref_logp, mask, estimator, loss_agg, **counts)
     # BUG (TRL #2995): the KL term is always a token-mean over this call's tokens, whatever
     # aggregation (and counts) the policy loss uses: the two terms are normalised differently
@@ -164,7 +184,11 @@ def kl_loss_over_padding(
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
 ) -> Tensor:
-    counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
+    counts: dict[str, Any] = {
+        "norm_constant": norm_constant,
+        "token_count": token_count,
+        "row_count": row_count,
+    }
     reference = ppo_ref.kl_loss(logp.detach(), ref_logp, mask, estimator, loss_agg, **counts)
     if loss_agg != "token-mean" or token_count is not None:
         return ppo_ref.kl_loss(logp, ref_logp, mask, estimator, loss_agg, **counts)

@@ -131,7 +131,10 @@ def run_suite(
     stem = reports / name
     for suffix in (".json", ".md"):
         stem.with_suffix(suffix).unlink(missing_ok=True)
-    command = suite_command(name, stem, examples, shrink)
+    # The command runs in the repository root: a relative report path keeps the machine's absolute
+    # path out of the reports and of the matrix rendered from them.
+    shown_stem = stem.resolve().relative_to(REPO) if stem.resolve().is_relative_to(REPO) else stem
+    command = suite_command(name, shown_stem, examples, shrink)
     print(f"[{name}] {' '.join(command[1:])}", flush=True)
     start = time.monotonic()
     with open(reports / f"{name}.log", "w", encoding="utf-8") as log:

@@ -33,9 +33,6 @@ from collections.abc import Mapping
 
 import pytest
 
-from conformance.report import ConformanceRecorder
-from conformance.strategies import register_profiles
-from conformance.support import Context, configure_examples
 from ppo_ref.adapters import (
     AdapterLoadError,
     ConventionSet,
@@ -47,6 +44,10 @@ from ppo_ref.adapters import (
     parse_conventions,
 )
 from ppo_ref.adapters.conventions import CONVENTIONS, LOSS_AGGREGATIONS, describe
+
+from .report import ConformanceRecorder
+from .strategies import register_profiles
+from .support import Context, configure_examples
 
 # Registered at import, before Hypothesis' plugin reads --hypothesis-profile in pytest_configure.
 register_profiles()

@@ -29,10 +29,11 @@ from typing import Any
 import pytest
 
 import ppo_ref
-from conformance.cases import spec_clauses
-from conformance.support import Context
 from ppo_ref.adapters import contract_problems, convention_problems
 from ppo_ref.adapters.conventions import describe
+
+from .cases import spec_clauses
+from .support import Context
 
 __all__ = [
     "CONTRACT",

@@ -18,8 +18,9 @@ import torch
 from hypothesis import Phase, note, settings
 from torch import Tensor
 
-from conformance.strategies import tensor_code
 from ppo_ref.adapters import Adapter, ConventionSet, ReferenceVariant
+
+from .strategies import tensor_code
 
 __all__ = [
     "TOLERANCES",

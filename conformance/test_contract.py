@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from conformance.support import Context
 from ppo_ref.adapters import Adapter, contract_problems, convention_problems
+
+from .support import Context
 
 pytestmark = pytest.mark.clause("CONTRACT")
 

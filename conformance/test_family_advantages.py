@@ -13,9 +13,10 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch import Tensor
 
-from conformance import strategies as cs
-from conformance.support import Context, as_tensor, assert_close, call_both, call_impl, examples
 from ppo_ref.adapters.conventions import singleton_rows
+
+from . import strategies as cs
+from .support import Context, as_tensor, assert_close, call_both, call_impl, examples
 
 pytestmark = pytest.mark.ops("group_advantages")
 

@@ -15,8 +15,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch import Tensor
 
-from conformance import strategies as cs
-from conformance.support import (
+from . import strategies as cs
+from .support import (
     Context,
     as_tensor,
     assert_close,

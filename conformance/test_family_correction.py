@@ -14,8 +14,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch import Tensor
 
-from conformance import strategies as cs
-from conformance.support import Context, as_tensor, assert_close, call_both, call_impl, examples, note_repro
+from . import strategies as cs
+from .support import Context, as_tensor, assert_close, call_both, call_impl, examples, note_repro
 
 pytestmark = pytest.mark.ops("rollout_correction")
 

@@ -13,8 +13,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor
 
-from conformance import strategies as cs
-from conformance.support import Context, as_tensor, assert_close, call_both, examples, grad_of, note_repro
+from . import strategies as cs
+from .support import Context, as_tensor, assert_close, call_both, examples, grad_of, note_repro
 
 pytestmark = pytest.mark.ops("kl_loss")
 

@@ -17,8 +17,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import strategies as cs
-from conformance.support import Context, assert_close, call_both, examples
+from . import strategies as cs
+from .support import Context, assert_close, call_both, examples
 
 UNLIKELY_SHIFT = (110.0, 150.0)
 """The log-probs are moved down by this much: exp(-110) is 0 in float32 (its smallest subnormal is

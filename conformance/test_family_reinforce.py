@@ -13,8 +13,10 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch import Tensor
 
-from conformance import strategies as cs
-from conformance.support import (
+from ppo_ref.adapters.conventions import singleton_rows
+
+from . import strategies as cs
+from .support import (
     Context,
     as_tensor,
     assert_close,
@@ -23,7 +25,6 @@ from conformance.support import (
     examples,
     whitening_scale,
 )
-from ppo_ref.adapters.conventions import singleton_rows
 
 F64 = torch.float64
 

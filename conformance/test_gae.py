@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 import ppo_ref
-from conformance import strategies as cs
-from conformance.support import (
+
+from . import strategies as cs
+from .support import (
     Context,
     as_tensor,
     assert_close,

@@ -23,9 +23,10 @@ import torch
 from torch import Tensor
 
 import ppo_ref
-from conformance.cases import Case, decode_inputs, load_cases, output_names, reproduction, run_case
-from conformance.support import Context, whitening_scale
 from ppo_ref.adapters import OP_NAMES
+
+from .cases import Case, decode_inputs, load_cases, output_names, reproduction, run_case
+from .support import Context, whitening_scale
 
 OPTIONAL_OUTPUTS = frozenset({"ratio_outside_frac", "ratio_mean", "ratio_max", "kl", "dual_clip_frac"})
 """Outputs of the reference that the adapter contract does not require."""

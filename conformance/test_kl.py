@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import given
 
-from conformance import strategies as cs
-from conformance.support import Context, as_tensor, assert_close, call_both, examples, grad_of, note_repro
+from . import strategies as cs
+from .support import Context, as_tensor, assert_close, call_both, examples, grad_of, note_repro
 
 CLAUSE = {"k1": "KL-1", "k2": "KL-2", "k3": "KL-3"}
 

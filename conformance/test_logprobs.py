@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import strategies as cs
-from conformance.support import Context, as_tensor, assert_close, call_both, examples
+from . import strategies as cs
+from .support import Context, as_tensor, assert_close, call_both, examples
 
 NOT_ONE = st.floats(0.3, 3.0).filter(lambda t: abs(t - 1.0) > 0.05)
 """Temperatures other than 1 (LOGP-2)."""

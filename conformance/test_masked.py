@@ -8,8 +8,9 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import ppo_ref
-from conformance import strategies as cs
-from conformance.support import (
+
+from . import strategies as cs
+from .support import (
     Context,
     as_tensor,
     assert_close,

@@ -18,8 +18,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import strategies as cs
-from conformance.support import Context, assert_close, call_both, examples, statistic
+from . import strategies as cs
+from .support import Context, assert_close, call_both, examples, statistic
 
 EXTREME_LOG_RATIO = 30.0
 """|logp - old_logp| up to this (exp(30) ~ 1e13, far from float32 overflow)."""

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conformance import strategies as cs
-from conformance.support import Context, as_tensor, assert_close, call_both, call_impl, examples
+from . import strategies as cs
+from .support import Context, as_tensor, assert_close, call_both, call_impl, examples
 
 pytestmark = pytest.mark.ops("token_rewards")
 

@@ -1,21 +1,9 @@
-"""pytest wiring of the conformance suite: ``pytest conformance/ --impl=NAME``.
+"""The conformance suite's hooks, registered by :mod:`.plugin` when a pytest run selects the suite
+(the options are :mod:`.plugin`'s).
 
-Options (registered here, so give ``conformance/`` or a file in it on the command line):
-
-- ``--impl=NAME``: the implementation under test, resolved by ``ppo_ref.adapters.get_adapter``
-  (``mine``, a built-in third-party name, an entry point of group ``ppo_ref.adapters``, or an
-  importable ``module:attribute``). Default: the environment variable ``PPO_REF_IMPL``, else ``mine``.
-- ``--conformance-examples=N``: Hypothesis examples per property (environment variable
-  ``PPO_REF_CONFORMANCE_EXAMPLES``; default a third of the profile's ``max_examples``).
-- ``--conformance-output=compact``: instead of pytest's tracebacks, one block per failing clause
-  (the case or property, its input, expected against got, one reproduction), related failing
-  clauses (same op) grouped under the first (env ``PPO_REF_CONFORMANCE_OUTPUT``; default ``full``).
-- ``--conformance-shrink``: let Hypothesis shrink failing examples (off by default: much slower).
-- ``--conformance-report=PATH``: write ``PATH.json`` and ``PATH.md`` (a trailing ``.json`` or
-  ``.md`` on PATH is dropped first, so PATH is a stem).
-- Hypothesis profiles come from ``conformance.strategies.register_profiles``: ``default``
-  (derandomized, no example database) or ``thorough``, chosen with Hypothesis' own
-  ``--hypothesis-profile=NAME`` or the environment variable ``HYPOTHESIS_PROFILE``.
+At configure time the adapter named by ``--impl`` is loaded (a bad name is a usage error, exit
+status 4), its declared conventions read, and the session's :class:`~.support.Context` and the report
+recorder (:class:`~.report.ConformanceRecorder`) set up; the header names the adapter.
 
 Markers: ``clause(*ids)`` ties a test to spec clauses (the report's rows), ``ops(*names)`` names the
 adapter ops it calls (skipped as "not provided" when the adapter does not list one), and
@@ -28,7 +16,6 @@ adapter ops it calls (skipped as "not provided" when the adapter does not list o
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Mapping
 
 import pytest
@@ -53,47 +40,6 @@ from .support import Context, configure_examples
 register_profiles()
 
 CONTEXT_KEY = pytest.StashKey[Context]()
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("ppo-ref conformance")
-    group.addoption(
-        "--impl",
-        default=os.environ.get("PPO_REF_IMPL", "mine"),
-        help="implementation under test: mine (default; env PPO_REF_IMPL), trl, verl, openrlhf, torchrl, "
-        "sb3, skyrl, an entry point of group ppo_ref.adapters, or module:attribute",
-    )
-    group.addoption(
-        "--conformance-examples",
-        type=int,
-        default=int(os.environ["PPO_REF_CONFORMANCE_EXAMPLES"])
-        if "PPO_REF_CONFORMANCE_EXAMPLES" in os.environ
-        else None,
-        metavar="N",
-        help="Hypothesis examples per property (env PPO_REF_CONFORMANCE_EXAMPLES; default: a third of the "
-        "profile's max_examples, i.e. 20 under 'default' and 333 under 'thorough')",
-    )
-    group.addoption(
-        "--conformance-output",
-        choices=("full", "compact"),
-        default=os.environ.get("PPO_REF_CONFORMANCE_OUTPUT", "full"),
-        help="compact: instead of pytest's tracebacks, one block per failing clause (input, expected "
-        "vs got, one reproduction; related clauses grouped); full (default): pytest's own output "
-        "(env PPO_REF_CONFORMANCE_OUTPUT)",
-    )
-    group.addoption(
-        "--conformance-shrink",
-        action="store_true",
-        default=os.environ.get("PPO_REF_CONFORMANCE_SHRINK", "") not in ("", "0"),
-        help="let Hypothesis shrink a failing example (smaller inputs, much slower failures; off by "
-        "default; env PPO_REF_CONFORMANCE_SHRINK=1)",
-    )
-    group.addoption(
-        "--conformance-report",
-        default=None,
-        metavar="PATH",
-        help="write the clause-by-clause report to PATH.json and PATH.md (PATH is a stem)",
-    )
 
 
 OPTION_KEYWORDS: Mapping[str, tuple[tuple[str, tuple[str, ...]], ...]] = {

@@ -158,7 +158,15 @@ def test_overwrite_replaces_the_runs_files_cleanly(tmp_path: Path) -> None:
     (out / "notes.txt").write_text("not a run file")
     argv = ["train", "--policy", inputs["policy"], "--prompts", inputs["prompts"], "--out", str(out), *SMALL]
     result = ppo_ref(
-        *argv, "--reward", "tiny_task:count_a", "--overwrite", env={"PYTHONPATH": str(Path(__file__).parent)}
+        *argv,
+        "--reward",
+        "tiny_task:count_a",
+        "--overwrite",
+        env={
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")])
+            )
+        },
     )
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter-000001"]  # no stale one

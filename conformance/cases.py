@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "CASES_DIR",
     "OPS",
     "SPEC_PATH",
+    "SPEC_VERSION",
     "Case",
     "GradCheck",
     "ReferenceOps",
@@ -36,11 +38,40 @@ __all__ = [
     "reproduction",
     "run_case",
     "spec_clauses",
+    "spec_version",
 ]
 
-SPEC_DIR = Path(__file__).resolve().parent.parent / "spec"
+
+def _spec_dir() -> Path:
+    """``spec/``: package data of the installed suite (``ppo_ref_conformance/spec``), else the
+    checkout's ``spec/`` next to ``conformance/``."""
+    if __package__:
+        packaged = resources.files(__package__).joinpath("spec")
+        if packaged.is_dir():
+            return Path(str(packaged))
+    return Path(__file__).resolve().parent.parent / "spec"
+
+
+SPEC_DIR = _spec_dir()
 SPEC_PATH = SPEC_DIR / "SPEC.md"
 CASES_DIR = SPEC_DIR / "cases"
+_SPEC_VERSION_LINE = re.compile(r"^Spec version: (\d+\.\d+\.\d+)\b", re.MULTILINE)
+
+
+def spec_version(spec_path: Path | None = None) -> str:
+    """The version on ``spec/SPEC.md``'s ``Spec version: X.Y.Z`` line (``spec/CHANGELOG.md`` says
+    what each version changed)."""
+    if spec_path is not None and not isinstance(spec_path, Path):
+        raise ValueError(f"spec_path: expected a pathlib.Path or None, got {type(spec_path).__name__}")
+    path = SPEC_PATH if spec_path is None else spec_path
+    match = _SPEC_VERSION_LINE.search(path.read_text(encoding="utf-8"))
+    if match is None:
+        raise ValueError(f"spec_path: {path} has no 'Spec version: X.Y.Z' line")
+    return match.group(1)
+
+
+SPEC_VERSION: str = spec_version()
+"""The version of the specification this suite checks (``Spec version:`` in ``spec/SPEC.md``)."""
 
 OPS: frozenset[str] = frozenset(
     {
@@ -286,7 +317,7 @@ class ReferenceOps:
         return ppo_ref.FixedKLController(kl_coef).update(kl, n_steps)
 
 
-REFERENCE_SETUP = "from conformance.cases import ReferenceOps\nimpl = ReferenceOps()"
+REFERENCE_SETUP = f"from {__name__} import ReferenceOps\nimpl = ReferenceOps()"
 
 
 def _literal(value: Any) -> str:

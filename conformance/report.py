@@ -13,6 +13,11 @@ Verdicts, per clause of ``spec/SPEC.md`` (headings ``### CLAUSE-ID: Title``):
 - ``not run``: no test of the clause ran (deselected, not collected, or skipped for another reason).
 
 The pseudo-clause ``CONTRACT`` is the adapter's own attributes and declared conventions.
+
+The report also records what the implementation was checked against: ``spec_version`` (the
+``Spec version:`` line of ``spec/SPEC.md``, :data:`~.cases.SPEC_VERSION`) and ``ppo_ref_version``.
+Test ids are the suite's own (``conformance/test_gae.py::...``, :func:`suite_test_id`), so a run of
+the installed suite and a run from a checkout write the same report.
 """
 
 from __future__ import annotations
@@ -32,11 +37,12 @@ import ppo_ref
 from ppo_ref.adapters import contract_problems, convention_problems
 from ppo_ref.adapters.conventions import describe
 
-from .cases import spec_clauses
+from .cases import SPEC_VERSION, spec_clauses
 from .support import Context
 
 __all__ = [
     "CONTRACT",
+    "SUITE_DIR",
     "ConformanceRecorder",
     "ParsedFailure",
     "TestRecord",
@@ -45,6 +51,7 @@ __all__ = [
     "parse_failure",
     "render_markdown",
     "report_paths",
+    "suite_test_id",
 ]
 
 CONTRACT = "CONTRACT"
@@ -179,6 +186,26 @@ def _skip_reason(report: pytest.TestReport) -> str:
     return str(longrepr)
 
 
+SUITE_DIR = Path(__file__).resolve().parent
+"""The suite's directory (``conformance/`` in a checkout, ``ppo_ref_conformance/`` installed)."""
+
+
+def suite_test_id(path: Path, nodeid: str) -> str | None:
+    """A suite test's id in the report: ``conformance/FILE::NAME``, the same whether the suite ran
+    from a checkout (where it is pytest's node id) or installed (where pytest's node id depends on
+    the directory pytest ran in); None for a test outside the suite."""
+    if not isinstance(path, Path):
+        raise ValueError(f"path: expected a pathlib.Path, got {type(path).__name__}")
+    if not isinstance(nodeid, str) or not nodeid:
+        raise ValueError(f"nodeid: expected a non-empty string, got {nodeid!r}")
+    try:
+        relative = path.resolve().relative_to(SUITE_DIR)
+    except ValueError:
+        return None
+    name = nodeid.split("::", 1)[1] if "::" in nodeid else nodeid
+    return f"conformance/{relative.as_posix()}::{name}"
+
+
 def report_paths(path: str) -> tuple[Path, Path]:
     """(json, markdown) paths for ``--conformance-report PATH``: PATH is a stem; a trailing .json or
     .md is dropped first."""
@@ -203,9 +230,10 @@ class ConformanceRecorder:
         for item in items:
             clauses = tuple(c for marker in item.iter_markers("clause") for c in marker.args)
             ops = tuple(op for marker in item.iter_markers("ops") for op in marker.args)
-            if clauses and "conformance" in Path(str(item.path)).parts:
+            test_id = suite_test_id(Path(str(item.path)), item.nodeid)
+            if clauses and test_id is not None:
                 self.records[item.nodeid] = TestRecord(
-                    item.nodeid, tuple(dict.fromkeys(clauses)), ops=tuple(dict.fromkeys(ops))
+                    test_id, tuple(dict.fromkeys(clauses)), ops=tuple(dict.fromkeys(ops))
                 )
 
     @pytest.hookimpl(wrapper=True)
@@ -390,6 +418,7 @@ def build_report(context: Context, records: list[TestRecord], args: Sequence[str
             "contract_problems": problems,
         },
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "spec_version": SPEC_VERSION,
         "ppo_ref_version": ppo_ref.__version__,
         "python": sys.version.split()[0],
         "command": "pytest " + " ".join(args),
@@ -433,6 +462,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"| Ops provided | {', '.join(f'`{op}`' for op in impl['ops']) or 'none'} |",
         f"| Declared conventions | {_cell(declared)} |",
         f"| Date | {report['date']} |",
+        f"| Spec | {report['spec_version']} (`spec/SPEC.md`; changes in `spec/CHANGELOG.md`) |",
         f"| ppo-ref | {report['ppo_ref_version']} (Python {report['python']}) |",
         f"| Command | `{_cell(report['command'])}` |",
         "",

@@ -79,7 +79,7 @@ built-in tasks (--task NAME; each builds a tiny model from a config, nothing is 
                        reward: the mean lexicon value (+1 positive, -1 negative) of the two
                        adjectives, -1 if the review is malformed; in [-1, 1]
   positive-review-rm   the same texts, scored by a Bradley-Terry reward model trained on generated
-                       preference pairs; evaluation uses the rule score above
+                       preference pairs (kl_coef 0.2 unless set); evaluation uses the rule score above
   reverse              write the prompt's four digits reversed; reward 1 if exactly right, else 0
   length               answer in five words; reward clip(1 - |words - 5| / 3, -1, 1), -1 if malformed
   smollm2-sentiment    the pretrained SmolLM2-135M-Instruct (optional packages), rewarded by the

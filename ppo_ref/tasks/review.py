@@ -228,6 +228,9 @@ def build_positive_review_rm(
         eval_prompts=base.eval_prompts,
         reward_model=reward_model,
         well_formed=review_well_formed,
-        config_overrides={"max_new_tokens": MAX_NEW_TOKENS},
+        # A learned reward is a proxy the policy learns to exploit: at the default kl_coef 0.05,
+        # seed 0, 40 iterations, the true score falls from -0.07 to -0.18, well-formed reviews from
+        # 89% to 41%, KL reaches 8.7; at 0.2 the true score goes -0.07 -> 0.57, 86% well formed.
+        config_overrides={"max_new_tokens": MAX_NEW_TOKENS, "kl_coef": 0.2},
         eval_reward_function=sentiment_score,
     )

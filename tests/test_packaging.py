@@ -1,0 +1,222 @@
+"""The installable conformance suite (issue 13): what the wheel is configured to ship, the spec's
+version, when the pytest plugin wires the suite, the report's test ids, and ``run_conformance``.
+
+The wheel itself is built, installed and run in ``tests/test_wheel_install.py`` (slow)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import conformance
+from conformance import plugin
+from conformance.api import ClauseResult, ConformanceReport, run_conformance
+from conformance.cases import CASES_DIR, SPEC_PATH, SPEC_VERSION, spec_clauses, spec_version
+from conformance.report import suite_test_id
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
+
+ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+
+
+def test_the_wheel_lists_every_package_of_ppo_ref_and_maps_the_suite_to_ppo_ref_conformance() -> None:
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    packages = set(setuptools["packages"])
+    on_disk = {
+        ".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "ppo_ref").rglob("__init__.py")
+    }
+    assert on_disk - packages == set(), "packages under ppo_ref/ that the wheel would leave out"
+    assert "conformance" not in packages and not any(p.startswith("conformance.") for p in packages)
+    assert setuptools["package-dir"]["ppo_ref_conformance"] == "conformance"
+    assert setuptools["package-dir"]["ppo_ref_conformance.spec"] == "spec"
+    assert setuptools["package-data"]["ppo_ref_conformance.spec.cases"] == ["*.json"]
+    assert "SPEC.md" in setuptools["package-data"]["ppo_ref_conformance.spec"]
+    entry = PYPROJECT["project"]["entry-points"]["pytest11"]
+    assert entry == {plugin.ENTRY_POINT: "ppo_ref_conformance.plugin"}
+
+
+def test_the_spec_has_a_version_and_the_changelog_describes_it() -> None:
+    assert SPEC_VERSION == spec_version(SPEC_PATH)
+    assert SPEC_PATH.read_text(encoding="utf-8").splitlines()[2].startswith(f"Spec version: {SPEC_VERSION} ")
+    changelog = (SPEC_PATH.parent / "CHANGELOG.md").read_text(encoding="utf-8")
+    versions = [line.split()[1] for line in changelog.splitlines() if line.startswith("## ")]
+    assert versions[0] == SPEC_VERSION, "the newest changelog entry is not the spec's version"
+    assert versions == ["1.1.0", "1.0.0"]
+    # 1.0.0 had 33 clauses; 1.1.0 added the PPO-family prefixes, and nothing else.
+    clauses = list(spec_clauses())
+    family = ("GRP-", "AGG-", "CLIP-", "GSPO-", "CISPO-", "KLL-", "IS-", "RPP-")
+    assert len([c for c in clauses if not c.startswith(family)]) == 33
+    section = changelog.split("## 1.1.0", 1)[1].split("## 1.0.0", 1)[0]
+    for prefix in family:
+        assert f"{prefix}1" in section, f"{prefix} clauses are not in the 1.1.0 entry"
+
+
+def test_spec_version_rejects_a_spec_without_a_version_line(tmp_path: Path) -> None:
+    spec = tmp_path / "SPEC.md"
+    spec.write_text("# A spec\n\nSpec version 1.1.0 (no colon)\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"spec_path: .* has no 'Spec version: X.Y.Z' line"):
+        spec_version(spec)
+    spec.write_text("# A spec\n\nSpec version: 2.0.1\n", encoding="utf-8")
+    assert spec_version(spec) == "2.0.1"
+    with pytest.raises(ValueError, match=r"spec_path: expected a pathlib.Path"):
+        spec_version(str(spec))  # type: ignore[arg-type]
+
+
+def test_the_suite_reads_the_checkouts_spec_and_cases() -> None:
+    assert SPEC_PATH == ROOT / "spec" / "SPEC.md"
+    assert CASES_DIR == ROOT / "spec" / "cases"
+    assert plugin.SUITE_DIR == ROOT / "conformance" == Path(conformance.__file__).resolve().parent
+
+
+@pytest.mark.parametrize(
+    ("args", "pyargs", "selected"),
+    [
+        (["tests"], False, False),
+        (["tests/test_spec_cases.py::test_x"], False, False),
+        (["conformance"], False, True),
+        (["conformance/"], False, True),
+        (["conformance/test_gae.py::test_holes_and_padding_are_skipped"], False, True),
+        (["tests", "conformance"], False, True),  # pytest's testpaths: `pytest` runs both
+        (["."], False, True),
+        (["conformance"], True, True),  # --pyargs conformance, the checkout's name
+        (["ppo_ref"], True, False),
+        (["no_such_module_anywhere"], True, False),
+        (["README.md"], False, False),
+    ],
+)
+def test_the_plugin_wires_the_suite_only_when_the_run_collects_it(
+    args: list[str], pyargs: bool, selected: bool
+) -> None:
+    assert plugin.suite_selected(args, pyargs, ROOT) is selected
+
+
+def test_report_ids_are_the_suites_own_whatever_the_node_id() -> None:
+    path = plugin.SUITE_DIR / "test_gae.py"
+    expected = "conformance/test_gae.py::test_x[a/b::c]"
+    assert suite_test_id(path, "conformance/test_gae.py::test_x[a/b::c]") == expected
+    # installed, pytest's node id depends on where it ran; the report's id does not
+    assert suite_test_id(path, "../venv/lib/ppo_ref_conformance/test_gae.py::test_x[a/b::c]") == expected
+    assert suite_test_id(ROOT / "tests" / "test_gae_bitwise.py", "tests/test_gae_bitwise.py::t") is None
+    with pytest.raises(ValueError, match=r"path: expected a pathlib.Path"):
+        suite_test_id("conformance/test_gae.py", "x::y")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"nodeid: expected a non-empty string"):
+        suite_test_id(path, "")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"impl": ""}, "impl: expected a non-empty adapter name"),
+        ({"impl": "no-such-adapter"}, "impl: .*available adapters: mine"),
+        ({"impl": "mine", "examples": 0}, "examples: expected a positive integer"),
+        ({"impl": "mine", "examples": True}, "examples: expected a positive integer"),
+        ({"impl": "mine", "output": "short"}, "output: expected 'compact' or 'full'"),
+        ({"impl": "mine", "pytest_args": "-x"}, "pytest_args: expected a sequence of strings"),
+        ({"impl": "mine", "report": 3}, "report: expected a path stem"),
+    ],
+)
+def test_run_conformance_rejects_bad_arguments_before_running(
+    kwargs: dict[str, object], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        run_conformance(**kwargs)  # type: ignore[arg-type]
+
+
+def test_the_report_object_rejects_what_is_not_a_report(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"data: expected a mapping"):
+        ConformanceReport.from_dict([])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"data: not a conformance report"):
+        ConformanceReport.from_dict({"implementation": {}})
+    with pytest.raises(ValueError, match=r"entry: unknown verdict 'maybe'"):
+        ClauseResult.from_dict({"verdict": "maybe"})
+    with pytest.raises(ValueError, match=r"path: .* is not a file"):
+        ConformanceReport.from_json(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"path: .* is not JSON"):
+        ConformanceReport.from_json(tmp_path / "bad.json")
+
+
+_API_SCRIPT = """
+import json, sys
+from conformance.api import run_conformance
+report = run_conformance(
+    "tests.example_adapter:make_wrong_adapter", report=sys.argv[1], examples=4,
+    pytest_args=["-q", "-k", "test_contract or test_policy_loss"],
+)
+print(json.dumps({"verdicts": report.verdicts(), "exit": report.exit_code, "passed": report.passed,
+                  "spec": report.spec_version, "ppo_ref": report.ppo_ref_version,
+                  "failures": [c.id for c in report.failures()],
+                  "pg3": [report.clause("PG-3").first_failure, report.clause("PG-3").reproduction],
+                  "markdown_same": report.to_markdown() == report.markdown_path.read_text()}))
+"""
+
+
+@pytest.mark.multiprocess  # the suite runs in pytest.main, in a fresh Python
+def test_run_conformance_returns_the_report_the_command_line_writes(tmp_path: Path) -> None:
+    stem = tmp_path / "api"
+    run = subprocess.run(
+        [sys.executable, "-c", _API_SCRIPT, str(stem)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    written = json.loads(stem.with_name("api.json").read_text(encoding="utf-8"))
+    assert result["verdicts"] == {entry["id"]: entry["verdict"] for entry in written["clauses"]}
+    assert result["exit"] == 1 and result["passed"] is False
+    assert result["verdicts"]["PG-3"] == "fail" and result["verdicts"]["PG-1"] == "pass"
+    assert result["verdicts"]["GAE-1"] == "not run"  # -k kept two files of the suite
+    assert result["failures"] == ["CONTRACT", "PG-3"]
+    message, reproduction = result["pg3"]
+    assert message and "impl = get_adapter('tests.example_adapter:make_wrong_adapter')" in reproduction
+    assert result["spec"] == SPEC_VERSION == written["spec_version"]
+    assert result["ppo_ref"] == written["ppo_ref_version"]
+    assert result["markdown_same"] is True
+    assert f"| Spec | {SPEC_VERSION} " in stem.with_name("api.md").read_text(encoding="utf-8")
+
+
+_MODULES_SCRIPT = """
+import json, sys, pytest
+code = pytest.main(sys.argv[1:] + ["-p", "no:cacheprovider", "--conformance-examples=2"])
+print(json.dumps({"code": int(code), "modules": sorted(m for m in sys.modules if "conformance" in m)}))
+"""
+
+
+@pytest.mark.multiprocess  # runs pytest in a fresh Python, twice
+def test_the_checkout_loads_one_copy_of_the_suite_and_tests_alone_load_none() -> None:
+    def modules(*args: str) -> tuple[str, list[str]]:
+        run = subprocess.run(
+            [sys.executable, "-c", _MODULES_SCRIPT, *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+        assert result["code"] == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        return run.stdout, result["modules"]
+
+    out, loaded = modules("conformance/test_contract.py", "conformance/test_kl.py")
+    assert out.count("ppo-ref conformance: --impl=mine -> mine") == 1
+    # The tests and the hooks share conformance.*; the entry point's light plugin is the only
+    # module under the installed name.
+    assert {"conformance.hooks", "conformance.support", "conformance.test_kl"} <= set(loaded)
+    assert [m for m in loaded if m.startswith("ppo_ref_conformance")] in (
+        [],
+        ["ppo_ref_conformance", "ppo_ref_conformance.plugin"],
+    )
+    out, loaded = modules("tests/test_spec_cases.py", "-k", "GAE-2")
+    assert "ppo-ref conformance:" not in out
+    assert "conformance.hooks" not in loaded

@@ -1,0 +1,150 @@
+"""The conformance suite as a user installs it (issue 13): build the wheel, install it in a fresh
+virtual environment, and run the documented command and ``run_conformance`` against
+``examples/my_ppo_adapter.py`` copied outside the repository. The reports must be the checkout's.
+
+About 2 minutes the first time (creating the environment and installing torch and the wheel's
+dependencies from pip's cache), most of it pip."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conformance.cases import CASES_DIR, SPEC_VERSION
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH = "2.13.0"  # ./dev's pin: an unpinned torch would pull a multi-GB CUDA build
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+COMMAND = ["-m", "pytest", "--pyargs", "ppo_ref_conformance", "--impl=my_ppo_adapter:make_adapter"]
+"""The documented command (README, "In your own CI"), after the environment's python."""
+OPTIONS = ["--conformance-examples=4", "-p", "no:cacheprovider"]
+
+
+def _run(
+    command: list[str], cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    run = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert run.returncode == 0, f"{command}\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+    return run
+
+
+def _comparable_json(path: Path) -> dict[str, Any]:
+    """The report without what differs between any two runs: the date and the command line."""
+    report: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("date", "command"):
+        assert report.pop(key)
+    return report
+
+
+def _comparable_markdown(path: Path) -> list[str]:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = [line for line in lines if not line.startswith(("| Date |", "| Command |"))]
+    assert len(kept) == len(lines) - 2
+    return kept
+
+
+def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_checkouts_report(
+    tmp_path: Path,
+) -> None:
+    # Build from a copy of the sources, so that the build writes nothing into the checkout.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for name in ("ppo_ref", "conformance", "spec"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    wheels = tmp_path / "wheels"
+    _run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", ".", "-w", str(wheels)],
+        source,
+    )
+    (wheel,) = wheels.glob("ppo_ref-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
+    assert not any(name.startswith("conformance/") for name in names), "a top-level conformance package"
+    shipped_cases = {n.rsplit("/", 1)[1] for n in names if n.startswith("ppo_ref_conformance/spec/cases/")}
+    assert shipped_cases == {path.name for path in CASES_DIR.glob("*.json")}
+    assert "ppo_ref_conformance/spec/SPEC.md" in names and "ppo_ref_conformance/spec/CHANGELOG.md" in names
+    assert "ppo_ref_conformance/plugin.py" in names and "ppo_ref_conformance/api.py" in names
+    assert "[pytest11]\nppo_ref_conformance = ppo_ref_conformance.plugin" in entry_points.decode()
+
+    # A fresh environment: torch first (the CPU build), then the wheel with its dependencies and
+    # the test tools at the checkout's versions.
+    venv = tmp_path / "venv"
+    _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], tmp_path)
+    python = str(venv / "bin" / "python")
+    _run([python, "-m", "pip", "install", "--quiet", f"torch=={TORCH}"], tmp_path)
+    pins = [f"pytest=={metadata.version('pytest')}", f"hypothesis=={metadata.version('hypothesis')}"]
+    _run([python, "-m", "pip", "install", "--quiet", str(wheel), *pins, f"torch=={TORCH}"], tmp_path)
+
+    # The user's repository: their adapter, nothing of ppo-ref's.
+    user = tmp_path / "users_repo"
+    user.mkdir()
+    shutil.copy2(ROOT / "examples" / "my_ppo_adapter.py", user / "my_ppo_adapter.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PPO_REF_IMPL")}
+    where = _run(
+        [
+            python,
+            "-c",
+            "import json, ppo_ref, ppo_ref_conformance.cases as c; "
+            "print(json.dumps([ppo_ref.__file__, c.__file__, str(c.CASES_DIR), c.SPEC_VERSION]))",
+        ],
+        user,
+        env,
+    )
+    ppo_ref_file, suite_file, cases_dir, installed_spec = json.loads(where.stdout)
+    for path in (ppo_ref_file, suite_file, cases_dir):
+        assert Path(path).is_relative_to(venv), f"{path} is not the installed package"
+    assert installed_spec == SPEC_VERSION
+
+    installed = _run([python, *COMMAND, *OPTIONS, "--conformance-report=installed"], user, env)
+    assert "ppo-ref conformance: --impl=my_ppo_adapter:make_adapter -> my-trainer" in installed.stdout
+    api = _run(
+        [
+            python,
+            "-c",
+            "from ppo_ref_conformance.api import run_conformance; "
+            "r = run_conformance('my_ppo_adapter:make_adapter', report='api', examples=4); "
+            "print(r.passed, r.exit_code, r.spec_version, r.clause('GAE-2').verdict)",
+        ],
+        user,
+        env,
+    )
+    assert api.stdout.split()[-4:] == ["True", "0", SPEC_VERSION, "pass"]
+
+    # The same adapter from the checkout, as before the suite was installable.
+    checkout_stem = tmp_path / "checkout"
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "conformance/",
+            "--impl=my_ppo_adapter:make_adapter",
+            *OPTIONS,
+            f"--conformance-report={checkout_stem}",
+        ],
+        ROOT,
+        {**env, "PYTHONPATH": str(user)},
+    )
+    expected_json = _comparable_json(checkout_stem.with_suffix(".json"))
+    verdicts = {entry["id"]: entry["verdict"] for entry in expected_json["clauses"]}
+    assert verdicts["GAE-2"] == "pass" and verdicts["PG-3"] == "declared convention"
+    assert verdicts["KL-1"] == "not provided" and verdicts["EV-1"] == "not applicable"
+    assert expected_json["spec_version"] == SPEC_VERSION
+    for stem in ("installed", "api"):
+        assert _comparable_json(user / f"{stem}.json") == expected_json, stem
+        assert _comparable_markdown(user / f"{stem}.md") == _comparable_markdown(
+            checkout_stem.with_suffix(".md")
+        )

@@ -48,6 +48,7 @@ def assert_same_checkpoint(first: Path, second: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("task", ["positive-review", "positive-review-rm", "reverse", "length"])
 def test_resume_on_the_command_line_ends_equal_to_a_straight_run(tmp_path: Path, task: str) -> None:
     straight = tmp_path / "straight"

@@ -44,6 +44,7 @@ def unused_imports(source: str) -> list[str]:
     return sorted(imported - used)
 
 
+@pytest.mark.multiprocess
 def test_quick_start_snippet_prints_what_its_comments_say(tmp_path: Path) -> None:
     source = python_block_after("Use the functions directly")
     assert unused_imports(source) == []
@@ -55,6 +56,7 @@ def test_quick_start_snippet_prints_what_its_comments_say(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.multiprocess
 def test_python_api_example_trains_and_records_its_reward(tmp_path: Path) -> None:
     source = python_block_after("### From Python: `PPOTrainer` and `TrainingSetup`")
     assert unused_imports(source) == []

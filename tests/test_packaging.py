@@ -39,6 +39,13 @@ def test_the_wheel_lists_every_package_of_ppo_ref_and_maps_the_suite_to_ppo_ref_
     assert setuptools["package-dir"]["ppo_ref_conformance.spec"] == "spec"
     assert setuptools["package-data"]["ppo_ref_conformance.spec.cases"] == ["*.json"]
     assert "SPEC.md" in setuptools["package-data"]["ppo_ref_conformance.spec"]
+    extra = {
+        requirement.split(">")[0]
+        for requirement in PYPROJECT["project"]["optional-dependencies"]["conformance"]
+    }
+    assert extra == {"pytest", "hypothesis"}, (
+        "what the installed suite imports besides ppo-ref's dependencies"
+    )
     entry = PYPROJECT["project"]["entry-points"]["pytest11"]
     assert entry == {plugin.ENTRY_POINT: "ppo_ref_conformance.plugin"}
 

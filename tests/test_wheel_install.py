@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -86,7 +87,10 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_
     python = str(venv / "bin" / "python")
     _run([python, "-m", "pip", "install", "--quiet", f"torch=={TORCH}"], tmp_path)
     pins = [f"pytest=={metadata.version('pytest')}", f"hypothesis=={metadata.version('hypothesis')}"]
-    _run([python, "-m", "pip", "install", "--quiet", str(wheel), *pins, f"torch=={TORCH}"], tmp_path)
+    _run(
+        [python, "-m", "pip", "install", "--quiet", f"{wheel}[conformance]", *pins, f"torch=={TORCH}"],
+        tmp_path,
+    )
 
     # The user's repository: their adapter, nothing of ppo-ref's.
     user = tmp_path / "users_repo"
@@ -122,6 +126,16 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_
         env,
     )
     assert api.stdout.split()[-4:] == ["True", "0", SPEC_VERSION, "pass"]
+    # The README's example, as printed, on this adapter.
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    example = re.search(r"From Python, `run_conformance`.*?```python\n(.*?)```", readme, flags=re.DOTALL)
+    assert example is not None
+    source = example.group(1).replace("mypkg.ppo_adapter:make_adapter", "my_ppo_adapter:make_adapter")
+    printed = _run([python, "-c", source], user, env).stdout.splitlines()
+    # pytest's own output, then the example's prints
+    assert any(line.startswith(f"True {SPEC_VERSION} 0.") for line in printed), printed[-5:]
+    assert printed[-1] == "declared convention"
+    assert (user / "conformance-report.json").is_file() and (user / "conformance-report.md").is_file()
 
     # The same adapter from the checkout, as before the suite was installable.
     checkout_stem = tmp_path / "checkout"

@@ -1,6 +1,8 @@
 """A complete adapter for a trainer outside ppo-ref: its own GAE and clipped loss, checked by the suite.
 
 Run: PYTHONPATH=examples python -m pytest conformance/ --impl=my_ppo_adapter:make_adapter
+(from a ppo-ref checkout), or with ppo-ref installed, in the directory that holds this file:
+python -m pytest --pyargs ppo_ref_conformance --impl=my_ppo_adapter:make_adapter
 """
 
 from types import MappingProxyType, SimpleNamespace

@@ -109,8 +109,9 @@ def suite_command(name: str, stem: Path, examples: int | None, shrink: bool = Fa
 
 
 def pytest_configure(config: Any) -> None:
-    """As a pytest plugin: the suite's Hypothesis profile (already loaded by conformance/conftest.py)
-    without the shrink and explain phases."""
+    """As a pytest plugin: the suite's Hypothesis profile (registered by conformance/hooks.py, which
+    the suite's plugin imports in its tryfirst pytest_configure, before this one) without the shrink
+    and explain phases."""
     from hypothesis import Phase, settings
 
     base = settings.get_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))

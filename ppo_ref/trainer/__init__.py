@@ -16,24 +16,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ppo_ref.trainer.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
     from ppo_ref.trainer.config import TrainerConfig
-    from ppo_ref.trainer.loop import (
-        EvalResult,
-        PPOTrainer,
-        ReferenceModelChangedError,
-        Rollout,
-        TrainingSetup,
-    )
+    from ppo_ref.trainer.data import EvalResult, Rollout
+    from ppo_ref.trainer.loop import PPOTrainer, ReferenceModelChangedError, TrainingSetup
     from ppo_ref.trainer.scoring import BadScoreError
     from ppo_ref.trainer.update import LogprobMismatchError, TooManyNonFiniteStepsError
 
 _HOMES = {
     "BadScoreError": "ppo_ref.trainer.scoring",
     "Checkpoint": "ppo_ref.trainer.checkpoint",
-    "EvalResult": "ppo_ref.trainer.loop",
+    "EvalResult": "ppo_ref.trainer.data",
     "LogprobMismatchError": "ppo_ref.trainer.update",
     "PPOTrainer": "ppo_ref.trainer.loop",
     "ReferenceModelChangedError": "ppo_ref.trainer.loop",
-    "Rollout": "ppo_ref.trainer.loop",
+    "Rollout": "ppo_ref.trainer.data",
     "TooManyNonFiniteStepsError": "ppo_ref.trainer.update",
     "TrainerConfig": "ppo_ref.trainer.config",
     "TrainingSetup": "ppo_ref.trainer.loop",

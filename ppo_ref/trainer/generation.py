@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from ppo_ref.trainer.data import SequenceBatch, position_ids_from_mask
 from ppo_ref.trainer.models import call_model, output_cache, supports_logits_to_keep
 
 __all__ = [
@@ -29,11 +30,6 @@ __all__ = [
     "position_ids_from_mask",
     "sample_from_logits",
 ]
-
-
-def position_ids_from_mask(attention_mask: Tensor) -> Tensor:
-    """``cumsum(mask) - 1`` clamped at 0: the first real token is at position 0 whatever the padding."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
 def left_pad(
@@ -64,57 +60,6 @@ def first_eos_mask(response_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
     eos_seen = is_eos.long().cumsum(dim=1)
     mask = (eos_seen == 0) | (is_eos & (eos_seen == 1))
     return mask, is_eos.any(dim=1)
-
-
-@dataclass(frozen=True)
-class SequenceBatch:
-    """Prompts (left-padded) followed by responses (right-padded after their EOS).
-
-    Attributes:
-        input_ids: (B, P + N) token ids; columns ``prompt_width:`` are the response.
-        attention_mask: (B, P + N) int64, 1 on prompt tokens and response tokens up to the first EOS.
-        position_ids: (B, P + N) ``cumsum(attention_mask) - 1`` clamped at 0.
-        prompt_width: P, the padded prompt width (every row's last prompt token is at column P - 1).
-    """
-
-    input_ids: Tensor
-    attention_mask: Tensor
-    position_ids: Tensor
-    prompt_width: int
-
-    @staticmethod
-    def build(
-        prompt_ids: Tensor, prompt_mask: Tensor, response_ids: Tensor, response_mask: Tensor
-    ) -> SequenceBatch:
-        """Concatenate prompt and response tensors and derive the position ids."""
-        attention_mask = torch.cat([prompt_mask.long(), response_mask.long()], dim=1)
-        return SequenceBatch(
-            input_ids=torch.cat([prompt_ids, response_ids], dim=1),
-            attention_mask=attention_mask,
-            position_ids=position_ids_from_mask(attention_mask),
-            prompt_width=prompt_ids.shape[1],
-        )
-
-    @property
-    def response_ids(self) -> Tensor:
-        """(B, N) the response columns."""
-        return self.input_ids[:, self.prompt_width :]
-
-    @property
-    def response_mask(self) -> Tensor:
-        """(B, N) bool, True on action tokens (response tokens up to and including the first EOS)."""
-        return self.attention_mask[:, self.prompt_width :].bool()
-
-    @property
-    def response_width(self) -> int:
-        """N, the number of response columns."""
-        return self.input_ids.shape[1] - self.prompt_width
-
-    def rows(self, index: Tensor | slice) -> SequenceBatch:
-        """The sub-batch of the given rows (same column layout)."""
-        return SequenceBatch(
-            self.input_ids[index], self.attention_mask[index], self.position_ids[index], self.prompt_width
-        )
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,9 @@ from ppo_ref import (
 from ppo_ref.trainer import resume as resuming
 from ppo_ref.trainer.checkpoint import remove_stale_temporaries
 from ppo_ref.trainer.config import TrainerConfig
+from ppo_ref.trainer.data import EvalResult, Rollout, ScoredBatch, SequenceBatch
 from ppo_ref.trainer.distributed import DataParallel, default_accelerator
-from ppo_ref.trainer.generation import SequenceBatch, generate, left_pad
+from ppo_ref.trainer.generation import generate, left_pad
 from ppo_ref.trainer.interrupt import StopRequest
 from ppo_ref.trainer.metrics import AuditLog, MetricsLogger, ProgressBar, plot_metrics, write_summary
 from ppo_ref.trainer.models import (
@@ -59,11 +60,10 @@ from ppo_ref.trainer.models import (
     parameter_fingerprint,
     response_logprobs,
 )
-from ppo_ref.trainer.rollout import EvalResult, Rollout, gather_rollout
+from ppo_ref.trainer.rollout import gather_rollout
 from ppo_ref.trainer.scoring import (
     FunctionScorer,
     RewardModelScorer,
-    ScoredBatch,
     Scorer,
     apply_missing_eos_rule,
     check_scores,

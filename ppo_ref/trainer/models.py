@@ -7,7 +7,7 @@
 - dropout is switched off in every model, and every model stays in eval mode: the log-probs of
   the rollout and of the update come from the same deterministic function.
 
-Layout: for a :class:`~ppo_ref.trainer.generation.SequenceBatch` with prompt width P and N response
+Layout: for a :class:`~ppo_ref.trainer.data.SequenceBatch` with prompt width P and N response
 columns, the log-prob and value of response token t are read at sequence position P - 1 + t (the
 state before the token); the value at position P + N - 1 (after the last column) is the bootstrap
 value of a response cut at the length limit.
@@ -19,16 +19,14 @@ import copy
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from ppo_ref import entropy, token_logprobs
-
-if TYPE_CHECKING:
-    from ppo_ref.trainer.generation import SequenceBatch
+from ppo_ref.trainer.data import SequenceBatch
 
 __all__ = [
     "ActorCritic",
@@ -280,8 +278,6 @@ class ActorCriticModule(nn.Module):
         need_entropy: bool,
     ) -> ResponseOutputs:
         """Log-probs (and values, entropies) of the response tokens of a prompt + response batch."""
-        from ppo_ref.trainer.generation import SequenceBatch
-
         sequences = SequenceBatch(input_ids, attention_mask, position_ids, prompt_width)
         shared_values = need_values and self.value_head is not None
         extra = {"output_hidden_states": True} if shared_values else {}

@@ -43,7 +43,7 @@ from ppo_ref.trainer.checkpoint import (
     write_checkpoint,
 )
 from ppo_ref.trainer.config import RESUME_MUTABLE_FIELDS, TrainerConfig
-from ppo_ref.trainer.rollout import EvalResult
+from ppo_ref.trainer.data import EvalResult
 
 if TYPE_CHECKING:
     from ppo_ref.trainer.loop import PPOTrainer

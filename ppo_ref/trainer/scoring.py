@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ppo_ref.trainer.generation import SequenceBatch, left_pad, position_ids_from_mask
+from ppo_ref.trainer.data import ScoredBatch, SequenceBatch, position_ids_from_mask
+from ppo_ref.trainer.generation import left_pad
 from ppo_ref.trainer.models import at_least_float32, call_model, disable_dropout, split_sequence_classifier
 
 __all__ = [
@@ -207,16 +208,6 @@ class RewardModelScorer:
         pad = self.tokenizer.pad_token_id
         input_ids, attention_mask = left_pad(rows, pad if isinstance(pad, int) else 0)
         return self.score_tokens(input_ids, attention_mask)
-
-
-@dataclass(frozen=True)
-class ScoredBatch:
-    """Stage 3's result: ``raw`` scores from the scorer, the ``adjustment`` of the missing-EOS rule,
-    and ``scores = raw + adjustment``, each (B,) float32."""
-
-    raw: Tensor
-    adjustment: Tensor
-    scores: Tensor
 
 
 def apply_missing_eos_rule(

@@ -26,8 +26,8 @@ from torch import Tensor
 
 from ppo_ref import masked_mean, policy_loss, value_loss
 from ppo_ref.trainer.config import TrainerConfig
+from ppo_ref.trainer.data import TrainingBatch
 from ppo_ref.trainer.distributed import Collectives, LocalCollectives
-from ppo_ref.trainer.generation import SequenceBatch
 from ppo_ref.trainer.models import ActorCritic, NonFiniteError
 from ppo_ref.trainer.seeding import Stream, stream_rng
 
@@ -48,34 +48,6 @@ class LogprobMismatchError(RuntimeError):
 
 class TooManyNonFiniteStepsError(RuntimeError):
     """More optimizer steps were skipped for non-finite values than ``max_nonfinite_steps`` allows."""
-
-
-@dataclass(frozen=True)
-class TrainingBatch:
-    """What stage 7 needs from a rollout; every tensor is (B, N) except ``sequences``."""
-
-    sequences: SequenceBatch
-    mask: Tensor
-    old_logprobs: Tensor
-    old_values: Tensor
-    advantages: Tensor
-    returns: Tensor
-
-    def rows(self, index: Tensor | slice) -> TrainingBatch:
-        """The sub-batch of the given rows."""
-        return TrainingBatch(
-            self.sequences.rows(index),
-            self.mask[index],
-            self.old_logprobs[index],
-            self.old_values[index],
-            self.advantages[index],
-            self.returns[index],
-        )
-
-    @property
-    def size(self) -> int:
-        """Number of rows."""
-        return self.mask.shape[0]
 
 
 @dataclass

@@ -200,14 +200,41 @@ class PPOTrainer:
         self.resumed_from: Path | None = None
         self.last_checkpoint: Path | None = None
         if checkpoint is not None:
-            resuming.load_models(self, checkpoint)
+            resuming.load_models(checkpoint, self.actor_critic, self.reference, self.setup.reward_model)
         for frozen in (self.reference, self.setup.reward_model):
             if frozen is not None:  # the same frozen weights on every process
                 self.parallel.broadcast_parameters(frozen)
         self.reference_fingerprint = parameter_fingerprint(self.reference)
         self._prepare()
         if checkpoint is not None:
-            resuming.load_trainer_state(self, checkpoint)
+            resuming.load_optimizer(checkpoint, self.actor_critic, self.optimizer)
+            self.load_state_dict(resuming.trainer_state(checkpoint))
+            resuming.restore_rng(checkpoint, self.parallel)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The trainer's own state beyond models and optimizer (what a checkpoint saves with them):
+        the KL coefficient, counters, completed iterations, metrics history and initial evaluation."""
+        return {
+            "kl_coef": self.kl_controller.value,
+            "nonfinite_steps": self.nonfinite_steps,
+            "skipped_samples": self.skipped_samples,
+            "iteration": len(self.history),
+            "history": list(self.history),
+            "eval_initial": self.eval_initial,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (a :meth:`state_dict`, or :func:`~ppo_ref.trainer.resume.trainer_state`
+        of a checkpoint, which adds ``resumed_from``): :meth:`train` starts after its iteration."""
+        self.kl_controller.value = float(state["kl_coef"])
+        self.nonfinite_steps = int(state["nonfinite_steps"])
+        self.skipped_samples = int(state["skipped_samples"])
+        self.start_iteration = int(state["iteration"])
+        self.history = list(state["history"])
+        if state["eval_initial"] is not None:
+            self.eval_initial = state["eval_initial"]
+        if state.get("resumed_from") is not None:
+            self.resumed_from = Path(state["resumed_from"])
 
     # -- set-up ------------------------------------------------------------------------------------
 
@@ -767,7 +794,16 @@ class PPOTrainer:
                     stopping = self.parallel.any_true(stop.requested is not None)
                     periodic = config.save_every > 0 and completed % config.save_every == 0
                     if stopping or periodic or completed == config.iterations:
-                        self.last_checkpoint = resuming.save_checkpoint(self, completed)
+                        self.last_checkpoint = resuming.save_checkpoint(
+                            completed,
+                            self.state_dict(),
+                            config=config,
+                            parallel=self.parallel,
+                            actor_critic=self.actor_critic,
+                            optimizer=self.optimizer,
+                            reference=self.reference,
+                            reward_model=self.setup.reward_model,
+                        )
                     if stopping:
                         interrupted = stop.requested or "a signal to another process"
                         break

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -44,17 +44,18 @@ from ppo_ref.trainer.checkpoint import (
 )
 from ppo_ref.trainer.config import RESUME_MUTABLE_FIELDS, TrainerConfig
 from ppo_ref.trainer.data import EvalResult
-
-if TYPE_CHECKING:
-    from ppo_ref.trainer.loop import PPOTrainer
+from ppo_ref.trainer.distributed import DataParallel
+from ppo_ref.trainer.models import ActorCritic
 
 __all__ = [
     "check_resume_config",
     "load_models",
-    "load_trainer_state",
+    "load_optimizer",
     "open_checkpoint",
+    "restore_rng",
     "resumed_config",
     "save_checkpoint",
+    "trainer_state",
 ]
 
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -111,21 +112,21 @@ def resumed_config(checkpoint: Checkpoint, user_values: dict[str, Any]) -> Train
 # -- saving -------------------------------------------------------------------------------------------
 
 
-def _inner_optimizer(trainer: PPOTrainer) -> torch.optim.Optimizer:
-    optimizer: torch.optim.Optimizer = getattr(trainer.optimizer, "optimizer", trainer.optimizer)
-    return optimizer
+def _inner_optimizer(optimizer: Any) -> torch.optim.Optimizer:
+    inner: torch.optim.Optimizer = getattr(optimizer, "optimizer", optimizer)
+    return inner
 
 
-def _trained_state_dict(trainer: PPOTrainer) -> dict[str, Tensor]:
+def _trained_state_dict(parallel: DataParallel, actor_critic: ActorCritic) -> dict[str, Tensor]:
     """The full state dict of the policy + critic module (a collective under FSDP or DeepSpeed)."""
-    backend, runner = trainer.parallel.backend, trainer.actor_critic.train_runner
+    backend, runner = parallel.backend, actor_critic.train_runner
     if backend == "deepspeed":
-        state: dict[str, Tensor] = trainer.accelerator.get_state_dict(runner)
+        state: dict[str, Tensor] = parallel.accelerator.get_state_dict(runner)
         return state
     if backend == "fsdp":
-        full: dict[str, Tensor] = get_model_state_dict(trainer.actor_critic.module, options=_FULL)  # type: ignore[assignment]
+        full: dict[str, Tensor] = get_model_state_dict(actor_critic.module, options=_FULL)  # type: ignore[assignment]
         return full
-    return trainer.actor_critic.module.state_dict()
+    return actor_critic.module.state_dict()
 
 
 def _split(state: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
@@ -137,43 +138,55 @@ def _split(state: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
     return parts
 
 
-def save_checkpoint(trainer: PPOTrainer, completed: int) -> Path:
-    """Write the trainer's state after ``completed`` iterations; every process must call this.
+def save_checkpoint(
+    completed: int,
+    trainer_state: dict[str, Any],
+    *,
+    config: TrainerConfig,
+    parallel: DataParallel,
+    actor_critic: ActorCritic,
+    optimizer: Any,
+    reference: nn.Module,
+    reward_model: nn.Module | None,
+) -> Path:
+    """Write a run's state after ``completed`` iterations; every process must call this.
 
-    Under FSDP and DeepSpeed gathering the state is a collective; the main process writes.
-    Returns the checkpoint's path (the same on every process).
+    ``trainer_state`` is the trainer's ``state_dict()`` (KL coefficient, counters, initial
+    evaluation, metrics history). Under FSDP and DeepSpeed gathering the state is a collective; the
+    main process writes. Returns the checkpoint's path (the same on every process).
     """
-    parallel = trainer.parallel
-    trained = _split(_trained_state_dict(trainer))
+    trained = _split(_trained_state_dict(parallel, actor_critic))
     optimizer_state = None
     if parallel.backend != "deepspeed":
-        module = trainer.actor_critic.module
-        optimizer_state = get_optimizer_state_dict(module, _inner_optimizer(trainer), options=_FULL)
+        optimizer_state = get_optimizer_state_dict(
+            actor_critic.module, _inner_optimizer(optimizer), options=_FULL
+        )
     rng_states = parallel.gather_list([capture_rng_state()])
-    path = Path(trainer.config.out) / CHECKPOINTS / checkpoint_name(completed)
+    path = Path(config.out) / CHECKPOINTS / checkpoint_name(completed)
     if parallel.is_main:
-        models: dict[str, dict[str, Tensor]] = {**trained, "reference": trainer.reference.state_dict()}
-        if trainer.setup.reward_model is not None:
-            models["reward_model"] = trainer.setup.reward_model.state_dict()
+        models: dict[str, dict[str, Tensor]] = {**trained, "reference": reference.state_dict()}
+        if reward_model is not None:
+            models["reward_model"] = reward_model.state_dict()
+        initial = trainer_state["eval_initial"]
         state = {
-            "config": asdict(trainer.config),
-            "kl_coef": trainer.kl_controller.value,
-            "nonfinite_steps": trainer.nonfinite_steps,
-            "skipped_samples": trainer.skipped_samples,
-            "eval_initial": None if trainer.eval_initial is None else asdict(trainer.eval_initial),
+            "config": asdict(config),
+            "kl_coef": trainer_state["kl_coef"],
+            "nonfinite_steps": trainer_state["nonfinite_steps"],
+            "skipped_samples": trainer_state["skipped_samples"],
+            "eval_initial": None if initial is None else asdict(initial),
             "processes": parallel.world_size,
             "data_parallel": parallel.backend,
             "scheduler": None,
             "versions": {"ppo_ref": ppo_ref.__version__, "torch": torch.__version__},
         }
         path = write_checkpoint(
-            trainer.config.out,
+            config.out,
             completed,
             models=models,
             optimizer_state=optimizer_state,
             rng_states=rng_states,
             state=state,
-            metrics_records=trainer.history[:completed],
+            metrics_records=trainer_state["history"][:completed],
         )
     parallel.barrier()
     return path
@@ -191,14 +204,14 @@ def _load(module: nn.Module, state: dict[str, Tensor], what: str, checkpoint: Ch
         ) from None
 
 
-def load_models(trainer: PPOTrainer, checkpoint: Checkpoint) -> None:
+def load_models(
+    checkpoint: Checkpoint, actor_critic: ActorCritic, reference: nn.Module, reward_model: nn.Module | None
+) -> None:
     """Load the weights of every model (before the models are handed to the data-parallel backend)."""
-    actor_critic = trainer.actor_critic
     _load(actor_critic.policy, checkpoint.state_dict("policy"), "policy", checkpoint)
     critic: nn.Module = actor_critic.critic if actor_critic.critic is not None else actor_critic.value_head  # type: ignore[assignment]
     _load(critic, checkpoint.state_dict("critic"), "critic", checkpoint)
-    _load(trainer.reference, checkpoint.state_dict("reference"), "reference", checkpoint)
-    reward_model = trainer.setup.reward_model
+    _load(reference, checkpoint.state_dict("reference"), "reference", checkpoint)
     if (reward_model is not None) != checkpoint.has("reward_model"):
         raise ValueError(f"resume: {checkpoint.path} and this run disagree on having a reward model")
     if reward_model is not None:
@@ -223,27 +236,37 @@ def _eval_result(saved: dict[str, Any]) -> EvalResult:
     )
 
 
-def load_trainer_state(trainer: PPOTrainer, checkpoint: Checkpoint) -> None:
-    """Load the optimizer state, KL coefficient, counters, history and RNG states (after prepare)."""
+def load_optimizer(checkpoint: Checkpoint, actor_critic: ActorCritic, optimizer: Any) -> None:
+    """Load the optimizer state (after the models are handed to the data-parallel backend)."""
     optimizer_state = checkpoint.optimizer_state()
     if optimizer_state is None:
         raise ValueError(f"resume: {checkpoint.path} holds no optimizer state (written under DeepSpeed)")
     set_optimizer_state_dict(
-        trainer.actor_critic.module,
-        _inner_optimizer(trainer),
+        actor_critic.module,
+        _inner_optimizer(optimizer),
         optimizer_state,
         options=StateDictOptions(full_state_dict=True),
     )
+
+
+def trainer_state(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The trainer's ``load_state_dict()`` input saved in ``checkpoint``: the KL coefficient, the
+    counters, the completed iterations, the metrics history, the initial evaluation and the path."""
     state = checkpoint.state
-    trainer.kl_controller.value = float(state["kl_coef"])
-    trainer.nonfinite_steps = int(state["nonfinite_steps"])
-    trainer.skipped_samples = int(state["skipped_samples"])
-    trainer.start_iteration = checkpoint.iteration
-    trainer.history = checkpoint.metrics_records()[: checkpoint.iteration]
     initial = state.get("eval_initial")
-    if initial is not None:
-        trainer.eval_initial = _eval_result(initial)
-    trainer.resumed_from = checkpoint.path
+    return {
+        "kl_coef": float(state["kl_coef"]),
+        "nonfinite_steps": int(state["nonfinite_steps"]),
+        "skipped_samples": int(state["skipped_samples"]),
+        "iteration": checkpoint.iteration,
+        "history": checkpoint.metrics_records()[: checkpoint.iteration],
+        "eval_initial": None if initial is None else _eval_result(initial),
+        "resumed_from": checkpoint.path,
+    }
+
+
+def restore_rng(checkpoint: Checkpoint, parallel: DataParallel) -> None:
+    """Restore this process's global RNG states (when the process count is the checkpoint's)."""
     rng_states = checkpoint.rng_states()
-    if len(rng_states) == trainer.parallel.world_size:
-        restore_rng_state(rng_states[trainer.parallel.rank])
+    if len(rng_states) == parallel.world_size:
+        restore_rng_state(rng_states[parallel.rank])

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from accelerate import Accelerator  # type: ignore[import-untyped, unused-ignore]
@@ -35,7 +35,6 @@ from ppo_ref import (
     AdaptiveKLController,
     FixedKLController,
     explained_variance,
-    gae,
     kl_penalty,
     masked_mean,
     masked_var,
@@ -47,6 +46,7 @@ from ppo_ref.trainer.checkpoint import remove_stale_temporaries
 from ppo_ref.trainer.config import TrainerConfig
 from ppo_ref.trainer.data import EvalResult, Rollout, ScoredBatch, SequenceBatch
 from ppo_ref.trainer.distributed import DataParallel, default_accelerator
+from ppo_ref.trainer.estimators import advantage_estimator
 from ppo_ref.trainer.generation import generate, left_pad
 from ppo_ref.trainer.interrupt import StopRequest
 from ppo_ref.trainer.metrics import AuditLog, MetricsLogger, ProgressBar, plot_metrics, write_summary
@@ -79,6 +79,9 @@ __all__ = [
     "TrainingSetup",
     "reward_provenance",
 ]
+
+
+_T = TypeVar("_T")
 
 
 class ReferenceModelChangedError(RuntimeError):
@@ -376,12 +379,8 @@ class PPOTrainer:
         chosen = stream_rng(config.seed, Stream.PROMPTS, iteration).choice(
             len(self.train_prompt_ids), size=count, replace=len(self.train_prompt_ids) < count
         )
-        mine = self.parallel.rows(count, "rollout_batch_size")
-        sample_index = torch.arange(count)[mine]
-        prompts = [self.setup.train_prompts[i] for i in chosen[mine]]
-        width = max(len(self.train_prompt_ids[i]) for i in chosen)
-        prompt_ids, prompt_mask = left_pad(
-            [self.train_prompt_ids[i] for i in chosen[mine]], self.pad_id, self.device, width
+        sample_index, prompts, prompt_ids, prompt_mask = self._my_prompts(
+            chosen, self.setup.train_prompts, self.train_prompt_ids, "rollout_batch_size"
         )
         clock.lap("seconds_prompts")
 
@@ -415,12 +414,6 @@ class PPOTrainer:
         kl = kl_penalty(outputs.logprobs, ref_logprobs, config.kl_estimator, mask=sequences.response_mask)
         rewards = token_rewards(scores, outputs.logprobs, ref_logprobs, mask, kl_coef, config.kl_estimator)
 
-        # 6a. GAE (terminal, or bootstrapped from the critic for responses cut at max length).
-        #     Rows are independent here, so each process computes its own.
-        last_values = None
-        if config.truncation == "bootstrap":
-            last_values = torch.where(ended, 0.0, outputs.bootstrap_values)
-        raw_advantages, returns = gae(rewards, outputs.values, mask, config.gamma, config.lam, last_values)
         local = Rollout(
             iteration=iteration,
             sample_index=sample_index,
@@ -438,10 +431,15 @@ class PPOTrainer:
             kl_coef=kl_coef,
             kl=kl,
             rewards=rewards,
-            raw_advantages=raw_advantages,
-            returns=returns,
-            advantages=raw_advantages,
+            raw_advantages=torch.zeros_like(rewards),  # filled by stage 6 below
+            returns=torch.zeros_like(rewards),
+            advantages=torch.zeros_like(rewards),
         )
+        # 6a. Advantages and returns by the run's estimator (ppo_ref.trainer.estimators; "gae":
+        #     terminal, or bootstrapped from the critic for responses cut at max length). Rows are
+        #     independent here, so each process computes its own.
+        raw_advantages, returns = advantage_estimator(config)(local, config)
+        local = replace(local, raw_advantages=raw_advantages, returns=returns, advantages=raw_advantages)
         # From here on every process holds the whole batch.
         rollout = gather_rollout(self.parallel, local, self.pad_id)
 
@@ -491,28 +489,24 @@ class PPOTrainer:
     ) -> tuple[SequenceBatch, Tensor, list[str]]:
         """Stage 2 for a batch: ``(sequences, ended, response texts without EOS)``."""
         config = self.config
-        step = config.forward_batch_size or prompt_ids.shape[0]
         uniforms = uniforms.to(self.device)
         # With several processes, each keeps sampling until every process's rows have ended.
         all_ended = self.parallel.all_true if self.parallel.world_size > 1 else None
-        pieces = []
-        for start in range(0, prompt_ids.shape[0], step):
-            rows = slice(start, start + step)
-            with self.autocast():
-                pieces.append(
-                    generate(
-                        self.actor_critic.policy_caller(),
-                        prompt_ids[rows],
-                        prompt_mask[rows],
-                        uniforms[rows],
-                        eos_id=self.eos_id,
-                        pad_id=self.pad_id,
-                        temperature=temperature,
-                        top_k=config.top_k if top else 0,
-                        top_p=config.top_p if top else 1.0,
-                        all_ended=all_ended,
-                    )
-                )
+        pieces = self._in_chunks(
+            prompt_ids.shape[0],
+            lambda rows: generate(
+                self.actor_critic.policy_caller(),
+                prompt_ids[rows],
+                prompt_mask[rows],
+                uniforms[rows],
+                eos_id=self.eos_id,
+                pad_id=self.pad_id,
+                temperature=temperature,
+                top_k=config.top_k if top else 0,
+                top_p=config.top_p if top else 1.0,
+                all_ended=all_ended,
+            ),
+        )
         width = max(p.response_ids.shape[1] for p in pieces)
         response_ids = torch.cat([_pad_right(p.response_ids, width, self.pad_id) for p in pieces])
         response_mask = torch.cat([_pad_right(p.response_mask, width, False) for p in pieces])
@@ -527,18 +521,12 @@ class PPOTrainer:
         self, sequences: SequenceBatch, temperature: float, with_critic: bool = True
     ) -> ResponseOutputs:
         """Stage 4 for the policy (and critic, entropies), in chunks of ``forward_batch_size`` rows."""
-        step = self.config.forward_batch_size or sequences.input_ids.shape[0]
-        parts = []
-        for start in range(0, sequences.input_ids.shape[0], step):
-            with self.autocast():
-                parts.append(
-                    self.actor_critic.response_outputs(
-                        sequences.rows(slice(start, start + step)),
-                        temperature,
-                        need_values=with_critic,
-                        need_entropy=with_critic,
-                    )
-                )
+        parts = self._in_chunks(
+            sequences.input_ids.shape[0],
+            lambda rows: self.actor_critic.response_outputs(
+                sequences.rows(rows), temperature, need_values=with_critic, need_entropy=with_critic
+            ),
+        )
         values = [p.values for p in parts]
         boots = [p.bootstrap_values for p in parts]
         entropies = [p.entropy for p in parts]
@@ -551,14 +539,37 @@ class PPOTrainer:
 
     @torch.no_grad()
     def _reference_logprobs(self, sequences: SequenceBatch, temperature: float) -> Tensor:
-        step = self.config.forward_batch_size or sequences.input_ids.shape[0]
-        parts = []
-        for start in range(0, sequences.input_ids.shape[0], step):
-            with self.autocast():
-                parts.append(
-                    response_logprobs(self.reference, sequences.rows(slice(start, start + step)), temperature)
-                )
+        parts = self._in_chunks(
+            sequences.input_ids.shape[0],
+            lambda rows: response_logprobs(self.reference, sequences.rows(rows), temperature),
+        )
         return torch.cat(parts)
+
+    def _in_chunks(self, count: int, run: Callable[[slice], _T]) -> list[_T]:
+        """``run`` on consecutive blocks of ``forward_batch_size`` of ``count`` rows (None: all at
+        once), each under autocast: the one chunking loop of generation and the no-grad forwards."""
+        step = self.config.forward_batch_size or count
+        parts = []
+        for start in range(0, count, step):
+            with self.autocast():
+                parts.append(run(slice(start, start + step)))
+        return parts
+
+    def _my_prompts(
+        self, chosen: Any, texts: Sequence[str], encoded: Sequence[list[int]], what: str
+    ) -> tuple[Tensor, list[str], Tensor, Tensor]:
+        """Stage 1's layout, for training and evaluation: this process's block of the ``chosen``
+        prompts as ``(sample_index, texts, prompt_ids, prompt_mask)``, left-padded to the width of
+        the whole batch (every process draws the same batch and takes its block of rows)."""
+        count = len(chosen)
+        mine = self.parallel.rows(count, what)
+        sample_index = torch.arange(count)[mine]
+        prompts = [texts[i] for i in chosen[mine]]
+        width = max(len(encoded[i]) for i in chosen)
+        prompt_ids, prompt_mask = left_pad(
+            [encoded[i] for i in chosen[mine]], self.pad_id, self.device, width
+        )
+        return sample_index, prompts, prompt_ids, prompt_mask
 
     # -- stage 7 -----------------------------------------------------------------------------------
 
@@ -698,12 +709,8 @@ class PPOTrainer:
         config = self.config
         count = config.eval_samples
         chosen = [i % len(self.eval_prompt_ids) for i in range(count)]
-        mine = self.parallel.rows(count, "eval_samples")
-        sample_index = torch.arange(count)[mine]
-        prompts = [self.setup.eval_prompts[i] for i in chosen[mine]]
-        width = max(len(self.eval_prompt_ids[i]) for i in chosen)
-        prompt_ids, prompt_mask = left_pad(
-            [self.eval_prompt_ids[i] for i in chosen[mine]], self.pad_id, self.device, width
+        sample_index, prompts, prompt_ids, prompt_mask = self._my_prompts(
+            chosen, self.setup.eval_prompts, self.eval_prompt_ids, "eval_samples"
         )
         uniforms = sampling_uniforms(
             config.seed, Stream.EVAL_SAMPLING, 0, sample_index, config.max_new_tokens

@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ppo_ref import masked_mean, policy_loss, value_loss
+from ppo_ref import masked_mean, value_loss
 from ppo_ref.trainer.config import TrainerConfig
 from ppo_ref.trainer.data import TrainingBatch
 from ppo_ref.trainer.distributed import Collectives, LocalCollectives
+from ppo_ref.trainer.estimators import trainer_policy_loss
 from ppo_ref.trainer.models import ActorCritic, NonFiniteError
 from ppo_ref.trainer.seeding import Stream, stream_rng
 
@@ -128,6 +129,7 @@ def minibatch_backward(
         return result
     mine = batch if rows is None else batch.rows(rows)
     micro = config.micro_batch_size or max(mine.size, 1)
+    loss_function = trainer_policy_loss(config)
     for start in range(0, mine.size, micro):
         part = mine.rows(slice(start, start + micro))
         problem: NonFiniteError | None = None
@@ -139,14 +141,7 @@ def minibatch_backward(
             assert outputs.values is not None
             token_weight = part.mask.sum() / total_tokens
             row_weight = part.mask.any(dim=1).sum() / total_rows
-            policy = policy_loss(
-                outputs.logprobs,
-                part.old_logprobs,
-                part.advantages,
-                part.mask,
-                config.clip_eps,
-                config.loss_agg,
-            )
+            policy = loss_function(outputs.logprobs, part.old_logprobs, part.advantages, part.mask, config)
             values = value_loss(
                 outputs.values, part.old_values, part.returns, part.mask, config.value_clip_eps
             )

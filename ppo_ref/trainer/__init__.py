@@ -14,11 +14,13 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ppo_ref.trainer.build import TrainingSetup
     from ppo_ref.trainer.checkpoint import Checkpoint, find_checkpoint, load_checkpoint
     from ppo_ref.trainer.config import TrainerConfig
     from ppo_ref.trainer.data import EvalResult, Rollout
-    from ppo_ref.trainer.loop import PPOTrainer, ReferenceModelChangedError, TrainingSetup
+    from ppo_ref.trainer.loop import PPOTrainer
     from ppo_ref.trainer.scoring import BadScoreError
+    from ppo_ref.trainer.stages import ReferenceModelChangedError
     from ppo_ref.trainer.update import LogprobMismatchError, TooManyNonFiniteStepsError
 
 _HOMES = {
@@ -27,11 +29,11 @@ _HOMES = {
     "EvalResult": "ppo_ref.trainer.data",
     "LogprobMismatchError": "ppo_ref.trainer.update",
     "PPOTrainer": "ppo_ref.trainer.loop",
-    "ReferenceModelChangedError": "ppo_ref.trainer.loop",
+    "ReferenceModelChangedError": "ppo_ref.trainer.stages",
     "Rollout": "ppo_ref.trainer.data",
     "TooManyNonFiniteStepsError": "ppo_ref.trainer.update",
     "TrainerConfig": "ppo_ref.trainer.config",
-    "TrainingSetup": "ppo_ref.trainer.loop",
+    "TrainingSetup": "ppo_ref.trainer.build",
     "find_checkpoint": "ppo_ref.trainer.checkpoint",
     "load_checkpoint": "ppo_ref.trainer.checkpoint",
 }

@@ -19,10 +19,18 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from torch import Tensor
+
+from ppo_ref import explained_variance, masked_mean, masked_var
+from ppo_ref.trainer.data import Rollout
+
+if TYPE_CHECKING:
+    from ppo_ref.trainer.update import UpdateStats
 
 __all__ = [
     "CHECK_METRICS",
@@ -32,8 +40,11 @@ __all__ = [
     "AuditLog",
     "MetricsLogger",
     "ProgressBar",
+    "audit_records",
+    "iteration_metrics",
     "json_safe",
     "plot_metrics",
+    "well_formed_rate",
     "write_summary",
 ]
 
@@ -278,3 +289,99 @@ def plot_metrics(
         plt.close(figure)
         paths.append(path)
     return paths
+
+
+def iteration_metrics(
+    rollout: Rollout,
+    stats: UpdateStats,
+    timings: dict[str, float],
+    nonfinite_steps: int,
+    well_formed: Callable[[str, str], bool] | None,
+) -> dict[str, Any]:
+    """Stage 8: the metrics.jsonl record of an iteration (``nonfinite_steps``: the run's count so
+    far; ``well_formed``: the task's format check, or None).
+
+    Score statistics cover the valid samples (a skipped sample has no usable score);
+    generation statistics (length, EOS rate, KL to the reference) cover every sample.
+    """
+    mask, valid = rollout.mask, rollout.valid.cpu()
+    scores = rollout.scored.scores[valid]
+    lengths = rollout.sequences.response_mask.sum(dim=1).float()
+    skipped = int((~valid).sum())
+    record: dict[str, Any] = {
+        "iteration": rollout.iteration,
+        "score_mean": float(scores.mean()) if scores.numel() else math.nan,
+        "score_std": float(scores.std()) if scores.numel() > 1 else 0.0,
+        "reward_mean": float(rollout.rewards.sum(dim=1)[rollout.valid].mean()),
+        "kl_ref": float(rollout.kl.sum(dim=1).mean()),
+        "kl_coef": rollout.kl_coef,
+        "entropy": float(masked_mean(rollout.entropy, mask)),
+        "response_length": float(lengths.mean()),
+        "eos_rate": float(rollout.ended.float().mean()),
+        "clipfrac": stats.clipfrac,
+        "ratio_outside_frac": stats.ratio_outside_frac,
+        "approx_kl": stats.approx_kl,
+        "ratio_mean": stats.ratio_mean,
+        "ratio_max": stats.ratio_max,
+        "policy_loss": stats.policy_loss,
+        "value_loss": stats.value_loss,
+        "explained_variance": float(explained_variance(rollout.values, rollout.returns, mask)),
+        "advantage_mean": float(masked_mean(rollout.raw_advantages, mask)),
+        "advantage_std": math.sqrt(float(masked_var(rollout.raw_advantages, mask))),
+        "value_mean": float(masked_mean(rollout.values, mask)),
+        "logprob_check_max_abs_diff": stats.logprob_check_max_abs_diff,
+        "nonfinite_steps": nonfinite_steps,
+        "optimizer_steps": stats.optimizer_steps,
+        "grad_norm_policy": stats.grad_norm_policy,
+        "grad_norm_critic": stats.grad_norm_critic,
+        "well_formed_rate": well_formed_rate(well_formed, rollout.prompts, rollout.responses, rollout.ended),
+        "skipped_samples": skipped,
+    }
+    record.update(timings)
+    return record
+
+
+def audit_records(rollout: Rollout, count: int) -> list[dict[str, Any]]:
+    """The first ``count`` samples of a rollout in full (rollouts.jsonl); off-mask entries are null."""
+    records = []
+    mask = rollout.sequences.response_mask.cpu()
+    columns = {
+        "old_logprobs": rollout.old_logprobs,
+        "ref_logprobs": rollout.ref_logprobs,
+        "values": rollout.values,
+        "token_rewards": rollout.rewards,
+        "advantages": rollout.advantages,
+    }
+    for row in range(min(count, mask.shape[0])):
+        keep = mask[row].tolist()
+        record: dict[str, Any] = {
+            "iteration": rollout.iteration,
+            "sample_index": int(rollout.sample_index[row]),
+            "prompt": rollout.prompts[row],
+            "response": rollout.responses[row],
+            "response_ids": rollout.sequences.response_ids[row].tolist(),
+            "action_mask": [int(k) for k in keep],
+            "stop_reason": "eos" if bool(rollout.ended[row]) else "length",
+            "skipped": not bool(rollout.valid[row]),
+            "score": float(rollout.scored.scores[row]) if bool(rollout.valid[row]) else None,
+            "score_components": {
+                "raw": float(rollout.scored.raw[row]),
+                "missing_eos_adjustment": float(rollout.scored.adjustment[row]),
+            },
+        }
+        for name, tensor in columns.items():
+            values = tensor[row].tolist()
+            record[name] = [v if k else None for v, k in zip(values, keep, strict=True)]
+        record["bootstrap_value"] = float(rollout.bootstrap_values[row])
+        records.append(record)
+    return records
+
+
+def well_formed_rate(
+    check: Callable[[str, str], bool] | None, prompts: Sequence[str], responses: Sequence[str], ended: Tensor
+) -> float | None:
+    """The share of samples that ended with EOS and pass ``check`` (None without a check)."""
+    if check is None:
+        return None
+    good = [bool(e) and check(p, r) for p, r, e in zip(prompts, responses, ended.tolist(), strict=True)]
+    return sum(good) / len(good)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from ppo_ref.tasks.base import Task
-    from ppo_ref.trainer.loop import TrainingSetup
+    from ppo_ref.trainer.build import TrainingSetup
 
 __all__ = [
     "RewardFunction",
@@ -212,7 +212,7 @@ def build_setup(config: TrainerConfig, user_fields: Collection[str]) -> tuple[Tr
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
-    from ppo_ref.trainer.loop import TrainingSetup
+    from ppo_ref.trainer.build import TrainingSetup
 
     check_paths(config)
     reward_function_spec = config.reward is not None and is_reward_function_spec(config.reward)

@@ -507,13 +507,13 @@ if proj["name"]:
         url = direct.get("url", "")
         info["ok"] = bool(editable) and url.rstrip("/").endswith(proj["root"].rstrip("/"))
         info["detail"] = f"editable={editable} url={url}"
-        if info["ok"] and proj.get("module"):
+        for module in (proj.get("modules") or []) if info["ok"] else []:
             try:
-                m = importlib.import_module(proj["module"])
-                info["module_file"] = getattr(m, "__file__", None)
+                m = importlib.import_module(module)
+                info.setdefault("module_files", {})[module] = getattr(m, "__file__", None)
             except BaseException as exc:
                 info["ok"] = False
-                info["detail"] += f"; import {proj['module']} failed: {type(exc).__name__}: {exc}"
+                info["detail"] += f"; import {module} failed: {type(exc).__name__}: {exc}"
     except md.PackageNotFoundError:
         info["detail"] = f"distribution {proj['name']!r} not installed"
 out["project"] = info
@@ -550,8 +550,11 @@ def project_info() -> JSON:
             name = None
     if name is None and (REPO / "setup.py").exists():
         name = "ppo-ref"
-    module = "ppo_ref" if (REPO / "ppo_ref" / "__init__.py").exists() else None
-    return {"name": name, "root": REPO.as_uri(), "module": module}
+    # The packages the editable install must map: an environment installed before the suite became
+    # the package ppo_ref_conformance (pytest11 entry point) lacks it and is repaired by reinstalling.
+    packages = (("ppo_ref", "ppo_ref/__init__.py"), ("ppo_ref_conformance", "conformance/plugin.py"))
+    modules = [module for module, marker in packages if (REPO / marker).exists()]
+    return {"name": name, "root": REPO.as_uri(), "modules": modules}
 
 
 def find_torch_wheel() -> Path | None:

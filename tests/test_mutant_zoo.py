@@ -49,8 +49,8 @@ FAMILY_CLAUSES = (
 )
 """The clauses of the PPO family (issue 10): each has at least one mutant."""
 ZOO_TIMEOUT_S = 480
-"""The budget for the whole zoo: 8 minutes (measured: 229 s for 98 mutants and two runs of mine on 2
-shared cores, under a load of 5)."""
+"""The budget for the whole zoo: 8 minutes (measured: 159 to 229 s for 98 mutants and two runs of mine
+on 2 shared cores, under a load of about 5)."""
 
 
 def _outputs(result: object) -> dict[str, Tensor]:

@@ -12,6 +12,7 @@ from ppo_ref.aggregation import LossAggregation, aggregate, aggregate_loss, chec
 from ppo_ref.masked import masked_sum
 
 __all__ = [
+    "VALUE_CLIP_FORMS",
     "LossAggregation",
     "PenaltyLossResult",
     "PolicyLossResult",
@@ -21,6 +22,9 @@ __all__ = [
     "update_penalty_beta",
     "value_loss",
 ]
+
+VALUE_CLIP_FORMS: tuple[str, ...] = ("max", "clipped-only")
+"""The forms of the clipped value loss :func:`value_loss` computes (its ``clip_form``)."""
 
 
 @dataclass(frozen=True)
@@ -227,6 +231,7 @@ def value_loss(
     norm_constant: float | None = None,
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
+    clip_form: str = "max",
 ) -> Tensor:
     r"""The (optionally clipped) value loss over the action tokens (spec VF-1, VF-2).
 
@@ -238,15 +243,22 @@ def value_loss(
     targets) are (B, T); ``mask`` is (B, T); ``c = clip_eps`` is in reward units. Returns 0-dim; a
     batch without action tokens gives 0. ``mean_m`` is the token-mean by default; ``loss_agg`` and
     its keywords (``norm_constant``, ``token_count``, ``row_count``) select another reduction of
-    the per-token terms, as in :func:`ppo_ref.aggregate_loss`.
+    the per-token terms, as in :func:`ppo_ref.aggregate_loss`. ``clip_form="clipped-only"`` takes
+    the clipped term alone, :math:`(V^{clip} - R)^2`, instead of the max (as stable-baselines3's
+    ``PPO.train``); without ``clip_eps`` it changes nothing.
 
     Example (V_old = 5, V = 1, R = 10, c = 0.2: the unclipped branch is the larger)::
 
         >>> value_loss(torch.tensor([[1.0]]), torch.tensor([[5.0]]), torch.tensor([[10.0]]),
         ...            torch.ones(1, 1), clip_eps=0.2)
         tensor(40.5000)
+        >>> value_loss(torch.tensor([[1.0]]), torch.tensor([[5.0]]), torch.tensor([[10.0]]),
+        ...            torch.ones(1, 1), clip_eps=0.2, clip_form="clipped-only")  # (4.8 - 10)^2 / 2
+        tensor(13.5200)
     """
     keep = check_mask(mask)
+    if clip_form not in VALUE_CLIP_FORMS:
+        raise ValueError(f"clip_form: expected one of {VALUE_CLIP_FORMS}, got {clip_form!r}")
     named = {"values": values, "old_values": old_values, "returns": returns}
     zeroed = []
     for name, tensor in named.items():
@@ -261,7 +273,8 @@ def value_loss(
     if clip_eps is not None:
         c = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
         v_clipped = v_old + torch.clamp(v - v_old, -c, c)
-        squared = torch.maximum(squared, (v_clipped - target) ** 2)
+        clipped = (v_clipped - target) ** 2
+        squared = clipped if clip_form == "clipped-only" else torch.maximum(squared, clipped)
     if loss_agg == "token-mean" and tokens_total is None:
         return 0.5 * masked_sum(squared, keep) / torch.count_nonzero(keep).clamp(min=1)
     return 0.5 * aggregate(squared, keep, loss_agg, constant, tokens_total, rows_total)

@@ -118,25 +118,30 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return masked_mean_var(x, keep, check_bool(unbiased, "unbiased"), total)[1]
 
 
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
-    r"""Whiten the masked-in entries of ``x`` with their own mean and unbiased variance (MASK-3).
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, unbiased: bool = True) -> Tensor:
+    r"""Whiten the masked-in entries of ``x`` with their own mean and variance (MASK-3).
 
     .. math:: w_i = \frac{x_i - \bar x}{\sqrt{\operatorname{var}_m(x) + 10^{-8}}}
+              \quad(\operatorname{var}_m \text{ of :func:`masked_var`, with ``unbiased``})
               \;(+\,\bar x \text{ if } \texttt{shift\_mean=False})
 
     The statistics are taken over every masked-in entry of the whole tensor (for advantages: all
     action tokens of the batch, never per row). ``shift_mean=False`` adds the mean back, so only
-    the scale changes (the convention for reward whitening). Masked-out entries of the result are
-    0. ``x`` and ``mask`` have the same shape; fewer than 2 masked-in entries is a ``ValueError``.
+    the scale changes (the convention for reward whitening). ``unbiased=False`` uses the biased
+    variance (divided by ``n`` instead of ``n - 1``, as :func:`masked_var` with ``unbiased=False``;
+    OpenRLHF's and lm-human-preferences' whitening). Masked-out entries of the result are 0. ``x``
+    and ``mask`` have the same shape; fewer than 2 masked-in entries is a ``ValueError``.
 
-    Example::
+    Example (mean 2; unbiased variance 2/2 = 1, biased 2/3, so the scale is 1/sqrt(2/3 + 1e-8))::
 
         >>> masked_whiten(torch.tensor([1.0, 2.0, 3.0, 9.0]), torch.tensor([1, 1, 1, 0]))
         tensor([-1.,  0.,  1.,  0.])
+        >>> masked_whiten(torch.tensor([1.0, 2.0, 3.0, 9.0]), torch.tensor([1, 1, 1, 0]), unbiased=False)
+        tensor([-1.2247,  0.0000,  1.2247,  0.0000])
     """
     x, keep, total = _checked(x, mask)
     shift_mean = check_bool(shift_mean, "shift_mean")
-    mean, var, centered = masked_mean_var(x, keep, True, total)
+    mean, var, centered = masked_mean_var(x, keep, check_bool(unbiased, "unbiased"), total)
     scale = torch.rsqrt(var + WHITEN_EPS)
     if shift_mean:
         return centered * scale  # already 0 off the mask (0 * scale)

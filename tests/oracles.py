@@ -151,11 +151,12 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> float:
     return math.fsum((v - mean) ** 2 for v in picked) / (n - 1 if unbiased else n)
 
 
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Nested:
-    """(x - mean) / sqrt(var + 1e-8) on masked-in entries (+ mean if not shift_mean), 0 elsewhere."""
+def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, unbiased: bool = True) -> Nested:
+    """(x - mean) / sqrt(var + 1e-8) on masked-in entries (+ mean if not shift_mean), 0 elsewhere;
+    var divides by n - 1 (``unbiased``) or n."""
     picked = _masked_values(x, mask)
     mean = math.fsum(picked) / len(picked)
-    scale = math.sqrt(masked_var(x, mask) + WHITEN_EPS)
+    scale = math.sqrt(masked_var(x, mask, unbiased) + WHITEN_EPS)
     flat = []
     for v, m in zip(x.flatten().tolist(), mask.flatten().tolist(), strict=True):
         if m == 0:
@@ -358,9 +359,15 @@ def policy_loss(
 
 
 def value_loss(
-    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip_eps: float | None
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    clip_eps: float | None,
+    clip_form: str = "max",
 ) -> float:
-    """0.5 * mean over action tokens of max((V - R)^2, (V_clip - R)^2), or of (V - R)^2 (VF-1, VF-2)."""
+    """0.5 * mean over action tokens of max((V - R)^2, (V_clip - R)^2), or of (V - R)^2 (VF-1, VF-2);
+    ``clip_form="clipped-only"``: of (V_clip - R)^2 alone."""
     v, old, target, keep = values.tolist(), old_values.tolist(), returns.tolist(), _keep(mask)
     terms = []
     for b in range(len(keep)):
@@ -370,7 +377,8 @@ def value_loss(
             squared = (v[b][t] - target[b][t]) ** 2
             if clip_eps is not None:
                 moved = min(max(v[b][t] - old[b][t], -clip_eps), clip_eps)
-                squared = max(squared, (old[b][t] + moved - target[b][t]) ** 2)
+                clipped = (old[b][t] + moved - target[b][t]) ** 2
+                squared = clipped if clip_form == "clipped-only" else max(squared, clipped)
             terms.append(squared)
     return 0.5 * math.fsum(terms) / len(terms) if terms else 0.0
 

@@ -141,14 +141,15 @@ def test_masked_var_matches_oracle(batch: cs.MaskedBatch, unbiased: bool) -> Non
 
 
 @pytest.mark.clause("MASK-3")
-@given(cs.masked_batches(ndims=(1, 2, 3), min_tokens=2), st.booleans())
-def test_masked_whiten_matches_oracle(batch: cs.MaskedBatch, shift_mean: bool) -> None:
-    out = ppo_ref.masked_whiten(batch.x, batch.mask, shift_mean=shift_mean)
+@given(cs.masked_batches(ndims=(1, 2, 3), min_tokens=2), st.booleans(), st.booleans())
+def test_masked_whiten_matches_oracle(batch: cs.MaskedBatch, shift_mean: bool, unbiased: bool) -> None:
+    """(x - mean) / sqrt(var + 1e-8) with the unbiased (n - 1) or, ``unbiased=False``, biased (n) variance."""
+    out = ppo_ref.masked_whiten(batch.x, batch.mask, shift_mean=shift_mean, unbiased=unbiased)
     assert out.shape == batch.x.shape
-    expected = oracles.masked_whiten(batch.x, batch.mask, shift_mean)
+    expected = oracles.masked_whiten(batch.x, batch.mask, shift_mean, unbiased)
     # An error of tol * |x| in the centred value is divided by the standard deviation (+ 1e-8).
     largest = _scale(batch.x, mask=batch.mask)
-    std = math.sqrt(oracles.masked_var(batch.x, batch.mask) + oracles.WHITEN_EPS)
+    std = math.sqrt(oracles.masked_var(batch.x, batch.mask, unbiased) + oracles.WHITEN_EPS)
     oracles.assert_close_to_oracle(out, expected, batch.x.dtype, scale=largest / std + largest)
     assert bool((out[~_bound(batch.mask)] == 0).all())
 
@@ -320,11 +321,13 @@ def test_policy_loss_without_action_tokens_is_zero(batch: cs.PolicyBatch, loss_a
 
 
 @pytest.mark.clause("VF-1", "VF-2")
-@given(cs.value_batches())
-def test_value_loss_matches_oracle(batch: cs.ValueBatch) -> None:
-    out = ppo_ref.value_loss(batch.values, batch.old_values, batch.returns, batch.mask, batch.clip_eps)
+@given(cs.value_batches(), st.sampled_from(["max", "clipped-only"]))
+def test_value_loss_matches_oracle(batch: cs.ValueBatch, clip_form: str) -> None:
+    """The max form (default) and, ``clip_form="clipped-only"``, the clipped term alone."""
+    args = (batch.values, batch.old_values, batch.returns, batch.mask, batch.clip_eps)
+    out = ppo_ref.value_loss(*args, clip_form=clip_form)
     assert out.dim() == 0
-    expected = oracles.value_loss(batch.values, batch.old_values, batch.returns, batch.mask, batch.clip_eps)
+    expected = oracles.value_loss(*args, clip_form)
     scale = (2 * _scale(batch.values, batch.old_values, batch.returns, mask=batch.mask)) ** 2
     oracles.assert_close_to_oracle(out, expected, batch.values.dtype, scale=scale)
 

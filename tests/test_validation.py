@@ -214,6 +214,7 @@ BAD_SCALARS: list[tuple[str, str, list[Any]]] = [
     ("gae", "lam", [-0.1, 1.1, math.nan, *NOT_A_NUMBER]),
     ("policy_loss", "clip_eps", [0.0, -0.2, math.nan, math.inf, *NOT_A_NUMBER]),
     ("value_loss", "clip_eps", [0.0, -1.0, math.nan, True, "0.2"]),
+    ("value_loss", "clip_form", ["min", "clipped", None, 1]),
     ("token_logprobs", "temperature", [0.0, -1.0, math.nan, math.inf, *NOT_A_NUMBER]),
     ("token_rewards", "kl_coef", [-0.1, math.nan, math.inf, *NOT_A_NUMBER]),
     ("token_rewards", "estimator", ["k4", "K1", None, 1]),
@@ -223,6 +224,7 @@ BAD_SCALARS: list[tuple[str, str, list[Any]]] = [
     ("ppo_penalty_loss", "beta", [-1.0, math.nan, *NOT_A_NUMBER]),
     ("masked_var", "unbiased", [1, "yes", None]),
     ("masked_whiten", "shift_mean", [0, "no", None]),
+    ("masked_whiten", "unbiased", [1, "yes", None]),
     ("masked_mean", "dim", [2, -3, 5]),
 ]
 

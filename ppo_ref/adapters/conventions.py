@@ -1,13 +1,16 @@
 """Declared conventions: the documented deviations an adapter may declare, and the reference
 variants the conformance suite checks a declared convention against.
 
-Real PPO implementations differ in defensible ways (``shared/research/third-party-ppo.md``): the
-clip-fraction definition, biased whitening, a dual clip, the value-loss scale, the approx-KL
-estimator, whitening inside GAE, ... An adapter declares such choices in its ``conventions``
-mapping, with keys and values from :data:`CONVENTIONS`; the suite then compares the adapter with
-:class:`ReferenceVariant`, the reference functions with those conventions applied, instead of the
-plain reference. Anything not declared must match the reference: an undeclared deviation fails.
-An unknown key or an invalid value is itself a failure (:func:`convention_problems`).
+Real PPO implementations (TRL, verl, OpenRLHF, torchrl, stable-baselines3, skyrl-train, ...) differ
+in defensible ways: the clip-fraction definition, biased whitening, a dual clip, the value-loss scale,
+the approx-KL estimator, whitening inside GAE, ... Each entry's ``seen_in`` names the libraries and
+functions that do it; ``docs/conformance-matrix.md`` shows which convention each third-party adapter
+declares, and ``docs/findings.md`` the disagreements that are not conventions. An adapter declares
+such choices in its ``conventions`` mapping, with keys and values from :data:`CONVENTIONS`; the
+suite then compares the adapter with :class:`ReferenceVariant`, the reference functions with those
+conventions applied, instead of the plain reference. Anything not declared must match the
+reference: an undeclared deviation fails. An unknown key or an invalid value is itself a failure
+(:func:`convention_problems`).
 
 Some keys narrow what is checked instead of changing a formula (``kl_estimators``,
 ``loss_aggregations``, ``policy_loss_options``, ``value_clip_modes``, ``gae_bootstrap="none"``,
@@ -18,8 +21,11 @@ existing op after third-party adapters were written (the ``seq-mean-token-sum-no
 ``clip_eps_high``, ``dual_clip`` and count keywords) are such capabilities, so an adapter that
 predates them declares their absence and keeps its verdicts.
 
-Every variant is built from the :mod:`ppo_ref` functions; with no convention declared, each op of
-the variant *is* the reference call.
+Every variant is built from the :mod:`ppo_ref` functions, with the conventions passed as their
+keywords (``masked_whiten(unbiased=)``, ``policy_loss(dual_clip=)``, ``value_loss(clip_form=)``) or
+applied to their inputs and outputs (a clamped KL estimate, a moved score, a scaled loss), never a
+second copy of a formula; with no convention declared, each op of the variant *is* the reference
+call.
 """
 
 from __future__ import annotations
@@ -35,7 +41,6 @@ from torch import Tensor
 
 import ppo_ref
 from ppo_ref.kl import last_action_index
-from ppo_ref.masked import WHITEN_EPS
 
 __all__ = [
     "CISPO_BOUNDS",
@@ -600,21 +605,12 @@ class ReferenceVariant:
     ppo_penalty_loss = staticmethod(ppo_ref.ppo_penalty_loss)
 
     def masked_whiten(self, x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
-        """MASK-3; ``whiten_variance='biased'`` uses ``ppo_ref.masked_var(unbiased=False)``."""
+        """MASK-3; ``whiten_variance='biased'`` is ``ppo_ref.masked_whiten(unbiased=False)``."""
         return self._whiten(x, mask, shift_mean, self.conventions.whiten_variance)
 
     @staticmethod
     def _whiten(x: Tensor, mask: Tensor, shift_mean: bool, variance: str) -> Tensor:
-        if variance == "unbiased":
-            return ppo_ref.masked_whiten(x, mask, shift_mean=shift_mean)
-        keep = _bool_mask(mask)
-        x = torch.where(keep, x, torch.zeros((), dtype=x.dtype))  # no NaN from padding in a gradient
-        mean = ppo_ref.masked_mean(x, keep)
-        var = ppo_ref.masked_var(x, keep, unbiased=False)
-        whitened = (x - mean) * torch.rsqrt(var + WHITEN_EPS)
-        if not shift_mean:
-            whitened = whitened + mean
-        return torch.where(keep, whitened, torch.zeros((), dtype=whitened.dtype))
+        return ppo_ref.masked_whiten(x, mask, shift_mean=shift_mean, unbiased=variance == "unbiased")
 
     def kl_penalty(
         self, logp: Tensor, ref_logp: Tensor, estimator: str = "k1", mask: Tensor | None = None
@@ -633,20 +629,23 @@ class ReferenceVariant:
         kl_coef: float,
         estimator: str = "k1",
     ) -> Tensor:
-        """RWD-1..3; ``kl_clamp`` clamps the KL term, ``score_placement`` moves the score."""
+        """RWD-1..3; ``kl_clamp`` clamps the KL term, ``score_placement`` moves the score.
+
+        Both are ``ppo_ref.token_rewards``: a clamped estimate is handed to it as a k1 log-ratio
+        against 0 (k1 of (kl, 0) is kl itself), and an ``after-last-action-token`` score is added
+        one column after the row's last action token to the rewards of a zero score."""
         c = self.conventions
-        if estimator not in c.kl_clamp and c.score_placement == "last-action-token":
+        if estimator in c.kl_clamp:
+            logp = self.kl_penalty(logp, ref_logp, estimator, mask=mask)
+            ref_logp, estimator = torch.zeros_like(logp), "k1"
+        if c.score_placement == "last-action-token":
             return ppo_ref.token_rewards(scores, logp, ref_logp, mask, kl_coef, estimator)
+        rewards = ppo_ref.token_rewards(torch.zeros_like(scores), logp, ref_logp, mask, kl_coef, estimator)
         keep = _bool_mask(mask)
-        kl = self.kl_penalty(logp, ref_logp, estimator, mask=keep)
-        dtype = torch.promote_types(kl.dtype, scores.dtype)
-        rewards = torch.where(keep, -kl_coef * kl.to(dtype), torch.zeros((), dtype=dtype))
         last = last_action_index(keep)
-        target = last
-        if c.score_placement == "after-last-action-token":
-            target = torch.where(last + 1 < keep.shape[1], last + 1, last)
+        target = torch.where(last + 1 < keep.shape[1], last + 1, last)
         rows = torch.nonzero(last >= 0).squeeze(-1)
-        return rewards.index_put((rows, target[rows]), scores.to(dtype)[rows], accumulate=True)
+        return rewards.index_put((rows, target[rows]), scores.to(rewards.dtype)[rows], accumulate=True)
 
     def gae(
         self,
@@ -684,14 +683,9 @@ class ReferenceVariant:
             log_ratio = torch.where(keep, logp - old_logp, torch.zeros((), dtype=logp.dtype))
             logp = old_logp + log_ratio.clamp(-c.log_ratio_clamp, c.log_ratio_clamp)
         options = {k: v for k, v in options.items() if v is not None}
-        if options:
-            options.setdefault("dual_clip", c.dual_clip)
+        options.setdefault("dual_clip", c.dual_clip)
         result = ppo_ref.policy_loss(logp, old_logp, advantages, keep, clip_eps, loss_agg=loss_agg, **options)
         loss = result.loss
-        if c.dual_clip is not None and not options:
-            loss = -ppo_ref.aggregate_loss(
-                _dual_clip_objective(logp, old_logp, advantages, keep, clip_eps, c.dual_clip), keep, loss_agg
-            )
         clipfrac = {"flat-branch": result.clipfrac, "ratio-outside": result.ratio_outside_frac}.get(
             str(c.clipfrac)
         )
@@ -733,17 +727,10 @@ class ReferenceVariant:
         c = self.conventions
         counts = {k: v for k, v in counts.items() if v is not None}
         agg = c.value_loss_agg if loss_agg is None else loss_agg
-        if (c.value_loss_scale, c.value_clip_form) == (0.5, "max") and (agg == "token-mean" or counts):
-            return ppo_ref.value_loss(values, old_values, returns, mask, clip_eps, agg, **counts)
-        keep = _bool_mask(mask)
-        dtype = torch.promote_types(torch.promote_types(values.dtype, old_values.dtype), returns.dtype)
-        zero = torch.zeros((), dtype=torch.promote_types(dtype, torch.float32))
-        v, v_old, target = (torch.where(keep, t.to(zero.dtype), zero) for t in (values, old_values, returns))
-        per_token = (v - target) ** 2
-        if clip_eps is not None:
-            clipped = (v_old + torch.clamp(v - v_old, -clip_eps, clip_eps) - target) ** 2
-            per_token = clipped if c.value_clip_form == "clipped-only" else torch.maximum(per_token, clipped)
-        return c.value_loss_scale * ppo_ref.aggregate_loss(per_token, keep, agg, **counts)
+        loss = ppo_ref.value_loss(
+            values, old_values, returns, mask, clip_eps, agg, clip_form=c.value_clip_form, **counts
+        )
+        return loss if c.value_loss_scale == 0.5 else loss * (c.value_loss_scale / 0.5)
 
     # --- the PPO family (GRP, AGG, GSPO, CISPO, KLL, IS) ---
 
@@ -800,15 +787,3 @@ class ReferenceVariant:
         if self.conventions.cispo_bounds == "absolute-cap":
             clip_low, clip_high = 1.0, clip_high - 1.0
         return ppo_ref.cispo_loss(logp, old_logp, advantages, mask, clip_low, clip_high, loss_agg, **counts)
-
-
-def _dual_clip_objective(
-    logp: Tensor, old_logp: Tensor, advantages: Tensor, keep: Tensor, eps: float, dual: float
-) -> Tensor:
-    """Per-token max(min(rA, clip(r)A), cA) for A < 0, min(rA, clip(r)A) otherwise; 0 off the mask."""
-    zero = torch.zeros((), dtype=torch.promote_types(logp.dtype, old_logp.dtype))
-    log_ratio = torch.where(keep, logp, zero) - torch.where(keep, old_logp, zero)
-    adv = torch.where(keep, advantages.to(log_ratio.dtype), zero)
-    ratio = torch.exp(log_ratio)
-    objective = torch.minimum(ratio * adv, torch.clamp(ratio, 1.0 - eps, 1.0 + eps) * adv)
-    return torch.where(adv < 0, torch.maximum(objective, dual * adv), objective)

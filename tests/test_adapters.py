@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 from collections.abc import Mapping
+from dataclasses import fields
 from types import MappingProxyType, SimpleNamespace
 
 import pytest
@@ -20,6 +21,7 @@ from ppo_ref.adapters import (
     Adapter,
     AdapterLoadError,
     ConventionError,
+    ConventionSet,
     ReferenceAdapter,
     ReferenceVariant,
     UnknownAdapterError,
@@ -157,6 +159,15 @@ def test_unknown_convention_keys_and_values_are_reported() -> None:
     with pytest.raises(ConventionError):
         parse_conventions({"whiten_variance": "sometimes"})
     assert convention_problems({key: c.reference for key, c in CONVENTIONS.items()}) == []
+
+
+def test_every_convention_key_has_one_reference_value() -> None:
+    """ConventionSet has a field per key of CONVENTIONS, whose default is that key's reference value."""
+    defaults = ConventionSet()
+    assert [f.name for f in fields(ConventionSet)] == list(CONVENTIONS)
+    for key, convention in CONVENTIONS.items():
+        assert getattr(defaults, key) is convention.reference, key
+    assert defaults.deviations() == {}
 
 
 def test_declared_conventions_map_to_clauses() -> None:

@@ -25,7 +25,8 @@ Every variant is built from the :mod:`ppo_ref` functions, with the conventions p
 keywords (``masked_whiten(unbiased=)``, ``policy_loss(dual_clip=)``, ``value_loss(clip_form=)``) or
 applied to their inputs and outputs (a clamped KL estimate, a moved score, a scaled loss), never a
 second copy of a formula; with no convention declared, each op of the variant *is* the reference
-call.
+call. Each key's reference value is written once, in :data:`CONVENTIONS`; the defaults of
+:class:`ConventionSet` read it.
 """
 
 from __future__ import annotations
@@ -474,35 +475,47 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
 """Every convention key an adapter may declare."""
 
 
+def _reference(key: str) -> Any:
+    """The :class:`ConventionSet` field of ``key``, whose default is ``CONVENTIONS[key].reference``."""
+    value = CONVENTIONS[key].reference
+    if isinstance(value, Mapping):  # unhashable: a dataclass default needs a factory
+        return field(default_factory=lambda: value)
+    return field(default=value)
+
+
 @dataclass(frozen=True)
 class ConventionSet:
-    """Normalised conventions, every key present (the reference value unless declared)."""
+    """Normalised conventions, every key present (the reference value unless declared).
 
-    clipfrac: str | None = "flat-branch"
-    approx_kl: str | None = "k3"
-    unmasked_statistics: frozenset[str] = frozenset()
-    whiten_variance: str = "unbiased"
-    gae_whitening: str = "none"
-    gae_bootstrap: str = "last-values"
-    score_placement: str = "last-action-token"
-    kl_clamp: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
-    kl_estimators: frozenset[str] = _ALL_KL
-    dual_clip: float | None = None
-    log_ratio_clamp: float | None = None
-    loss_aggregations: frozenset[str] = frozenset(LOSS_AGGREGATIONS)
-    policy_loss_options: frozenset[str] = frozenset(POLICY_LOSS_OPTIONS)
-    group_methods: frozenset[str] = frozenset(GROUP_METHODS)
-    group_std_scopes: frozenset[str] = frozenset(GROUP_STD_SCOPES)
-    group_std_eps: float | None = None
-    group_singleton: str = "zero"
-    cispo_bounds: str = "offsets"
-    kl_loss_estimators: frozenset[str] = frozenset(KL_LOSS_ESTIMATORS)
-    correction_levels: frozenset[str] = frozenset(CORRECTION_LEVELS)
-    correction_modes: frozenset[str] = frozenset(CORRECTION_MODES)
-    value_loss_scale: float = 0.5
-    value_clip_form: str = "max"
-    value_clip_modes: frozenset[str] = frozenset(VALUE_CLIP_MODES)
-    value_loss_agg: str = "token-mean"
+    Each field's default is the key's ``CONVENTIONS[key].reference``: the reference value of a
+    convention is written once, in :data:`CONVENTIONS`.
+    """
+
+    clipfrac: str | None = _reference("clipfrac")
+    approx_kl: str | None = _reference("approx_kl")
+    unmasked_statistics: frozenset[str] = _reference("unmasked_statistics")
+    whiten_variance: str = _reference("whiten_variance")
+    gae_whitening: str = _reference("gae_whitening")
+    gae_bootstrap: str = _reference("gae_bootstrap")
+    score_placement: str = _reference("score_placement")
+    kl_clamp: Mapping[str, float] = _reference("kl_clamp")
+    kl_estimators: frozenset[str] = _reference("kl_estimators")
+    dual_clip: float | None = _reference("dual_clip")
+    log_ratio_clamp: float | None = _reference("log_ratio_clamp")
+    loss_aggregations: frozenset[str] = _reference("loss_aggregations")
+    policy_loss_options: frozenset[str] = _reference("policy_loss_options")
+    group_methods: frozenset[str] = _reference("group_methods")
+    group_std_scopes: frozenset[str] = _reference("group_std_scopes")
+    group_std_eps: float | None = _reference("group_std_eps")
+    group_singleton: str = _reference("group_singleton")
+    cispo_bounds: str = _reference("cispo_bounds")
+    kl_loss_estimators: frozenset[str] = _reference("kl_loss_estimators")
+    correction_levels: frozenset[str] = _reference("correction_levels")
+    correction_modes: frozenset[str] = _reference("correction_modes")
+    value_loss_scale: float = _reference("value_loss_scale")
+    value_clip_form: str = _reference("value_clip_form")
+    value_clip_modes: frozenset[str] = _reference("value_clip_modes")
+    value_loss_agg: str = _reference("value_loss_agg")
 
     def deviations(self) -> dict[str, object]:
         """The keys whose value differs from the reference, with their values."""

@@ -29,6 +29,7 @@ __all__ = [
     "left_pad",
     "position_ids_from_mask",
     "sample_from_logits",
+    "sampling_logprob",
 ]
 
 
@@ -65,11 +66,14 @@ def first_eos_mask(response_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
 @dataclass(frozen=True)
 class Generated:
     """Stage 2's result: ``response_ids`` (B, N) with pad after EOS, ``response_mask`` (B, N) bool,
-    ``ended`` (B,) True where the response stopped at EOS (False: cut at ``max_new_tokens``)."""
+    ``ended`` (B,) True where the response stopped at EOS (False: cut at ``max_new_tokens``);
+    ``logprobs`` (B, N) float64, the sampling distribution's log-probability of each sampled token
+    (0 after EOS), only when ``generate(..., return_logprobs=True)``, else None."""
 
     response_ids: Tensor
     response_mask: Tensor
     ended: Tensor
+    logprobs: Tensor | None = None
 
 
 def sample_from_logits(
@@ -99,6 +103,26 @@ def sample_from_logits(
     return choice if order is None else order.gather(-1, choice.unsqueeze(-1)).squeeze(-1)
 
 
+def sampling_logprob(logits: Tensor, token: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """(B,) float64 ``log q(token)``, ``q`` the distribution :func:`sample_from_logits` draws from.
+
+    ``q = softmax(logits / temperature)`` restricted to the ``top_k`` / ``top_p`` set and renormalised;
+    a token outside that set gets ``-inf``. Example: logits ``[[0., 0.]]``, temperature 1, token 0 ->
+    ``log 0.5``; with ``top_k=1`` the kept token gets ``log 1 = 0``.
+    """
+    wide = logits if logits.dtype == torch.float64 else logits.float()
+    logq = torch.log_softmax(wide / temperature, dim=-1).double()
+    if top_k > 0 or top_p < 1.0:
+        probs, order = logq.exp().sort(dim=-1, descending=True)
+        keep_sorted = (probs.cumsum(dim=-1) - probs) < top_p
+        if top_k > 0:
+            keep_sorted[:, top_k:] = False
+        keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+        kept_mass = torch.where(keep, logq.exp(), torch.zeros((), dtype=logq.dtype, device=logq.device))
+        logq = torch.where(keep, logq - kept_mass.sum(dim=-1, keepdim=True).log(), -torch.inf)
+    return logq.gather(-1, token.unsqueeze(-1)).squeeze(-1)
+
+
 @torch.no_grad()
 def generate(
     model: PreTrainedModel | Callable[..., Any],
@@ -112,6 +136,7 @@ def generate(
     top_k: int = 0,
     top_p: float = 1.0,
     all_ended: Callable[[bool], bool] | None = None,
+    return_logprobs: bool = False,
 ) -> Generated:
     """Sample up to ``uniforms.shape[1]`` tokens per left-padded prompt, stopping each row at its first EOS.
 
@@ -120,6 +145,8 @@ def generate(
     cache and stops early once every row has ended; with several processes, ``all_ended`` turns
     "my rows have ended" into "every process's rows have ended", so all make the same forward
     calls (needed when parameters are sharded). Call it inside the autocast context wanted.
+    ``return_logprobs`` also records each sampled token's log-probability under the sampling
+    distribution (:func:`sampling_logprob`), the rollout log-probs of an importance correction.
     """
     batch, steps = uniforms.shape
     if steps < 1:
@@ -142,8 +169,12 @@ def generate(
     pad = torch.full((batch,), pad_id, dtype=torch.long, device=prompt_ids.device)
     one = torch.ones(batch, 1, dtype=torch.long, device=prompt_ids.device)
     tokens: list[Tensor] = []
+    logprobs: list[Tensor] = []
     for step in range(steps):
         token = sample_from_logits(output.logits[:, -1], uniforms[:, step], temperature, top_k, top_p)
+        if return_logprobs:
+            logprob = sampling_logprob(output.logits[:, -1], token, temperature, top_k, top_p)
+            logprobs.append(torch.where(finished, torch.zeros_like(logprob), logprob))
         token = torch.where(finished, pad, token)
         tokens.append(token)
         finished = finished | (token == eos_id)
@@ -164,4 +195,5 @@ def generate(
         next_position = next_position + 1
     response_ids = torch.stack(tokens, dim=1)
     response_mask, ended = first_eos_mask(response_ids, eos_id)
-    return Generated(response_ids=response_ids, response_mask=response_mask, ended=ended)
+    sampled = torch.stack(logprobs, dim=1) if return_logprobs else None
+    return Generated(response_ids=response_ids, response_mask=response_mask, ended=ended, logprobs=sampled)

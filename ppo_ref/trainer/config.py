@@ -20,6 +20,9 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 __all__ = [
+    "CRITIC_FIELDS",
+    "CRITIC_FREE_ESTIMATORS",
+    "GROUP_ESTIMATORS",
     "RESUME_MUTABLE_FIELDS",
     "TrainerConfig",
     "check_field_values",
@@ -95,6 +98,15 @@ class TrainerConfig:
     """Discount factor."""
     lam: float = 0.95
     """GAE lambda."""
+    advantage_estimator: Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++-baseline"] = (
+        "gae"
+    )
+    """gae (with a critic), or critic-free (no value model is built): grpo, dr_grpo or rloo (one
+    advantage per response from its group, on its return sum_t r_t, not whitened), reinforce++
+    (discounted returns, whitened) or reinforce++-baseline (return minus the group's mean, whitened)."""
+    group_size: int = 1
+    """Responses per prompt: rollout_batch_size / group_size prompts, each sampled group_size times
+    (must divide rollout_batch_size; >= 2 for grpo, dr_grpo, rloo and reinforce++-baseline)."""
 
     # -- 7: PPO update --------------------------------------------------------------------------
     ppo_epochs: int = 4
@@ -184,12 +196,75 @@ class TrainerConfig:
         _require(0 < self.top_p <= 1, "top_p", "a number in (0, 1]")
         _require(self.out != "", "out", "a non-empty path")
         _require(self.task != "", "task", "a non-empty task name")
+        self._check_estimator_fields()
+
+    def _check_estimator_fields(self) -> None:
+        """The advantage estimator's combinations (see :data:`CRITIC_FIELDS`)."""
+        estimator, size = self.advantage_estimator, self.group_size
+        _require(size >= 1, "group_size", "an int >= 1")
+        _require(
+            self.rollout_batch_size % size == 0,
+            "group_size",
+            f"a divisor of rollout_batch_size={self.rollout_batch_size}",
+        )
+        if estimator in GROUP_ESTIMATORS:
+            _require(
+                size >= 2,
+                "group_size",
+                f"an int >= 2 with advantage_estimator={estimator!r} (its baseline is the group)",
+            )
+        if self.uses_critic:
+            return
+        for name, unused_when in CRITIC_FIELDS.items():
+            default = _DEFAULTS[name]
+            if getattr(self, name) != default and estimator in unused_when:
+                raise ValueError(
+                    f"config field {name!r}: advantage_estimator={estimator!r} does not use it "
+                    f"({_UNUSED_BECAUSE[name]}); leave it at its default {default!r}"
+                )
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the run has a critic (value model): only with ``advantage_estimator = "gae"``.
+        Without one the trainer builds no value model, runs no critic forward and no value loss."""
+        return self.advantage_estimator not in CRITIC_FREE_ESTIMATORS
 
     @property
     def minibatch_size(self) -> int:
         """Rows per minibatch (one optimizer step)."""
         return self.rollout_batch_size // self.num_minibatches
 
+
+CRITIC_FREE_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++-baseline")
+"""The advantage estimators without a critic: the trainer builds no value model for them."""
+
+GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce++-baseline")
+"""The advantage estimators whose baseline is the group of responses to the same prompt (group_size >= 2)."""
+
+CRITIC_FIELDS: dict[str, tuple[str, ...]] = {
+    "critic": CRITIC_FREE_ESTIMATORS,
+    "critic_learning_rate": CRITIC_FREE_ESTIMATORS,
+    "vf_coef": CRITIC_FREE_ESTIMATORS,
+    "value_clip_eps": CRITIC_FREE_ESTIMATORS,
+    "truncation": CRITIC_FREE_ESTIMATORS,
+    "lam": CRITIC_FREE_ESTIMATORS,
+    "gamma": GROUP_ESTIMATORS,
+}
+"""Fields that a critic-free estimator does not use -> the estimators that reject a value other
+than the field's default. A value equal to the default is accepted (it cannot be told apart from
+an unset one, and changes nothing); any other stops the run before any work, naming the field.
+``reinforce++`` uses ``gamma`` (its returns are discounted); the group estimators do not (their
+sequence return is the undiscounted sum of the token rewards)."""
+
+_UNUSED_BECAUSE: dict[str, str] = {
+    "critic": "it builds no critic",
+    "critic_learning_rate": "it builds no critic",
+    "vf_coef": "it has no value loss",
+    "value_clip_eps": "it has no value loss",
+    "truncation": "bootstrapping needs a critic's value; a cut response is terminal",
+    "lam": "GAE lambda; REINFORCE++ uses lambda = 1",
+    "gamma": "its sequence return is the undiscounted sum of the token rewards",
+}
 
 RESUME_MUTABLE_FIELDS: frozenset[str] = frozenset(
     {"iterations", "out", "save_every", "tensorboard", "progress_bar", "plots", "audit_samples"}
@@ -253,6 +328,7 @@ def _describe(annotation: object) -> str:
 
 
 _TYPE_NAMES: dict[object, str] = {bool: "true or false", int: "an integer", str: "a string"}
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(TrainerConfig)}
 _TYPES: dict[str, object] = {}
 _DOCS: dict[str, str] = {}
 

@@ -200,7 +200,9 @@ class TrainerState:
         ):
             raise ValueError("reference: expected a causal LM with the policy's vocabulary size")
         self.reference = frozen_copy(policy if setup.reference is None else setup.reference.to(self.device))
-        if config.critic == "value-head":
+        if not config.uses_critic:  # a critic-free estimator: no value model at all
+            self.actor_critic = ActorCritic(policy)
+        elif config.critic == "value-head":
             head = nn.Linear(int(policy.config.hidden_size), 1, dtype=parameter_dtype(policy))
             nn.init.zeros_(head.weight)
             nn.init.zeros_(head.bias)
@@ -223,8 +225,9 @@ class TrainerState:
             else FunctionScorer(setup.eval_reward_function)
         )
         groups = [{"params": self.actor_critic.policy_parameters(), "lr": config.learning_rate}]
-        critic_lr = config.critic_learning_rate or config.learning_rate
-        groups.append({"params": self.actor_critic.critic_parameters(), "lr": critic_lr})
+        if self.actor_critic.has_critic:
+            critic_lr = config.critic_learning_rate or config.learning_rate
+            groups.append({"params": self.actor_critic.critic_parameters(), "lr": critic_lr})
         lr, eps, decay = config.learning_rate, config.adam_eps, config.weight_decay
         self.optimizer: torch.optim.Optimizer
         try:  # the fused kernel (CPU and CUDA) does the same update as the loop, several times faster

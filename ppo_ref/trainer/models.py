@@ -3,7 +3,7 @@
 - policy: any ``AutoModelForCausalLM``; the reference is a frozen copy of its initial weights.
 - critic: a separate backbone plus a scalar head (copied from the policy's backbone with a
   zero-initialised head, or from the reward model's backbone and head), or a scalar head on the
-  policy's own last hidden state.
+  policy's own last hidden state; or none at all (the critic-free advantage estimators).
 - dropout is switched off in every model, and every model stays in eval mode: the log-probs of
   the rollout and of the update come from the same deterministic function.
 
@@ -241,14 +241,15 @@ class ActorCriticModule(nn.Module):
     sharded parameters or synchronises gradients in its own ``forward`` sees every call:
     ``mode="policy"`` calls the causal LM with the given keyword arguments (generation);
     ``mode="outputs"`` returns the :class:`ResponseOutputs` of a prompt + response batch.
+    Without ``critic`` and ``value_head`` the module is the policy alone (a critic-free run).
     """
 
     def __init__(
         self, policy: nn.Module, critic: ScalarHeadCritic | None = None, value_head: nn.Linear | None = None
     ) -> None:
         super().__init__()
-        if (critic is None) == (value_head is None):
-            raise ValueError("critic/value_head: expected exactly one of a separate critic or a value head")
+        if critic is not None and value_head is not None:
+            raise ValueError("critic/value_head: expected at most one of a separate critic or a value head")
         self.policy = disable_dropout(policy)
         self.critic = None if critic is None else disable_dropout(critic)
         self.value_head = None if value_head is None else value_head.eval()
@@ -289,7 +290,8 @@ class ActorCriticModule(nn.Module):
             width = sequences.response_width + 1
             all_values = at_least_float32(self.value_head(output.hidden_states[-1][:, -width:]).squeeze(-1))
         elif need_values:
-            assert self.critic is not None
+            if self.critic is None:
+                raise ValueError("need_values: this run has no critic (a critic-free advantage estimator)")
             all_values = self.critic(
                 sequences.input_ids,
                 sequences.attention_mask,
@@ -322,7 +324,7 @@ class PolicyCaller:
 
 
 class ActorCritic:
-    """The trained models: the policy and its critic (separate, or a head on the policy).
+    """The trained models: the policy and its critic (separate, a head on the policy, or none).
 
     ``module`` holds them as one :class:`ActorCriticModule`. Forwards with gradients go through
     ``train_runner``, forwards without through ``inference_runner``; both are ``module`` until the
@@ -359,10 +361,20 @@ class ActorCritic:
         """Parameters of the policy (without a value head)."""
         return [p for p in self.policy.parameters() if p.requires_grad]
 
+    @property
+    def has_critic(self) -> bool:
+        """Whether there is a critic (a separate one or a value head)."""
+        return self.critic is not None or self.value_head is not None
+
+    def critic_model(self) -> nn.Module | None:
+        """The module that only the value loss trains (the separate critic, or the value head), or None."""
+        return self.critic if self.critic is not None else self.value_head
+
     def critic_parameters(self) -> list[nn.Parameter]:
-        """Parameters that only the value loss trains (the separate critic, or the value head)."""
-        critic: nn.Module = self.critic if self.critic is not None else self.value_head  # type: ignore[assignment]
-        return [p for p in critic.parameters() if p.requires_grad]
+        """Parameters that only the value loss trains (the separate critic, or the value head);
+        empty without a critic."""
+        critic = self.critic_model()
+        return [] if critic is None else [p for p in critic.parameters() if p.requires_grad]
 
     def policy_caller(self) -> PolicyCaller:
         """The policy as a callable for generation (through ``inference_runner``)."""

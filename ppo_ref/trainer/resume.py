@@ -130,11 +130,11 @@ def _trained_state_dict(parallel: DataParallel, actor_critic: ActorCritic) -> di
 
 
 def _split(state: dict[str, Tensor]) -> dict[str, dict[str, Tensor]]:
-    """``policy.*`` -> policy, ``critic.*`` and ``value_head.*`` -> critic."""
-    parts: dict[str, dict[str, Tensor]] = {"policy": {}, "critic": {}}
+    """``policy.*`` -> policy, ``critic.*`` and ``value_head.*`` -> critic (absent in a critic-free run)."""
+    parts: dict[str, dict[str, Tensor]] = {"policy": {}}
     for key, tensor in state.items():
         head, _, rest = key.partition(".")
-        parts["policy" if head == "policy" else "critic"][rest] = tensor
+        parts.setdefault("policy" if head == "policy" else "critic", {})[rest] = tensor
     return parts
 
 
@@ -209,8 +209,11 @@ def load_models(
 ) -> None:
     """Load the weights of every model (before the models are handed to the data-parallel backend)."""
     _load(actor_critic.policy, checkpoint.state_dict("policy"), "policy", checkpoint)
-    critic: nn.Module = actor_critic.critic if actor_critic.critic is not None else actor_critic.value_head  # type: ignore[assignment]
-    _load(critic, checkpoint.state_dict("critic"), "critic", checkpoint)
+    critic = actor_critic.critic_model()
+    if (critic is not None) != checkpoint.has("critic"):
+        raise ValueError(f"resume: {checkpoint.path} and this run disagree on having a critic")
+    if critic is not None:
+        _load(critic, checkpoint.state_dict("critic"), "critic", checkpoint)
     _load(reference, checkpoint.state_dict("reference"), "reference", checkpoint)
     if (reward_model is not None) != checkpoint.has("reward_model"):
         raise ValueError(f"resume: {checkpoint.path} and this run disagree on having a reward model")

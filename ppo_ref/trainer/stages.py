@@ -5,7 +5,8 @@
     4. old log-probs, reference log-probs and values (no-grad forwards)
     5. token rewards (KL penalty on every action token, score on the last)
     6. advantages by the run's estimator (:mod:`ppo_ref.trainer.estimators`; GAE by default),
-       whitened over all action tokens of the rollout batch
+       on the whole (gathered) batch, then whitened over all its action tokens if the estimator
+       says so (GAE, REINFORCE++; the group estimators GRPO, Dr. GRPO and RLOO are not)
     7. PPO epochs over reshuffled minibatches (:mod:`ppo_ref.trainer.update`)
 
 All PPO math is a call to a ppo_ref reference function; this module only moves tensors between
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -57,13 +59,17 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
     config = state.config
     clock = Clock(state.device, timings)
 
-    # 1. Sample prompts (keyed by seed and iteration; without replacement when there are enough).
+    # 1. Sample prompts (keyed by seed and iteration; without replacement when there are enough),
+    #    rollout_batch_size / group_size of them, each group_size times in consecutive rows.
     #    Every process draws the same batch and takes its block of rows, left-padded to the
     #    width of the whole batch.
     count = config.rollout_batch_size
+    distinct = count // config.group_size
     chosen = stream_rng(config.seed, Stream.PROMPTS, iteration).choice(
-        len(state.train_prompt_ids), size=count, replace=len(state.train_prompt_ids) < count
+        len(state.train_prompt_ids), size=distinct, replace=len(state.train_prompt_ids) < distinct
     )
+    if config.group_size > 1:
+        chosen = np.repeat(chosen, config.group_size)
     sample_index, prompts, prompt_ids, prompt_mask = _my_prompts(
         state, chosen, state.setup.train_prompts, state.train_prompt_ids, "rollout_batch_size"
     )
@@ -80,10 +86,15 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
     scored, valid = _score(state, state.train_scorer, prompts, responses, sequences, ended, sample_index)
     clock.lap("seconds_score")
 
-    # 4. Old log-probs and values (policy in eval mode, logits / temperature), reference log-probs.
-    outputs = _forward_no_grad(state, sequences, config.temperature)
+    # 4. Old log-probs, entropies and values (policy in eval mode, logits / temperature; values
+    #    only with a critic: a critic-free run has no value model, and its rollout holds zeros),
+    #    reference log-probs.
+    outputs = _forward_no_grad(state, sequences, config.temperature, values=config.uses_critic)
     ref_logprobs = _reference_logprobs(state, sequences, config.temperature)
-    assert outputs.values is not None and outputs.bootstrap_values is not None and outputs.entropy is not None
+    assert outputs.entropy is not None
+    values, bootstrap_values = outputs.values, outputs.bootstrap_values
+    if values is None or bootstrap_values is None:
+        values, bootstrap_values = torch.zeros_like(outputs.logprobs), outputs.logprobs.new_zeros(len(ended))
     clock.lap("seconds_forward")
 
     # 5. Token rewards: -kl_coef * KL on every action token, the score on the last one.
@@ -104,8 +115,8 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
         scored=scored,
         old_logprobs=outputs.logprobs,
         ref_logprobs=ref_logprobs,
-        values=outputs.values,
-        bootstrap_values=outputs.bootstrap_values,
+        values=values,
+        bootstrap_values=bootstrap_values,
         entropy=outputs.entropy,
         kl_coef=kl_coef,
         kl=kl,
@@ -114,26 +125,31 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
         returns=torch.zeros_like(rewards),
         advantages=torch.zeros_like(rewards),
     )
-    # 6a. Advantages and returns by the run's estimator (ppo_ref.trainer.estimators; "gae":
-    #     terminal, or bootstrapped from the critic for responses cut at max length). Rows are
-    #     independent here, so each process computes its own.
-    raw_advantages, returns = advantage_estimator(config)(local, config)
-    local = replace(local, raw_advantages=raw_advantages, returns=returns, advantages=raw_advantages)
     # From here on every process holds the whole batch.
     rollout = gather_rollout(state.parallel, local, state.pad_id)
 
     # 5b. The KL controller sees the mean per-sequence summed KL of the batch (kl is 0 off the mask).
     state.kl_controller.update(float(rollout.kl.sum(dim=1).mean()), n_steps=count)
 
-    # 6b. Advantages whitened over all action tokens of the batch; returns stay raw.
-    if int(rollout.mask.sum()) < 2:
-        raise ValueError(
-            f"iteration {iteration}: fewer than 2 action tokens left to whiten "
-            f"({int((~rollout.valid).sum())} of {count} samples skipped for bad scores)"
-        )
-    advantages = masked_whiten(rollout.raw_advantages, rollout.mask)
+    # 6a. Advantages and returns by the run's estimator (ppo_ref.trainer.estimators; "gae":
+    #     terminal, or bootstrapped from the critic for responses cut at max length; the group
+    #     estimators: groups keyed by prompt), on the whole batch, so that a group whose rows
+    #     several processes generated is one group.
+    estimator = advantage_estimator(config)
+    raw_advantages, returns = estimator(rollout, config)
+    rollout = replace(rollout, raw_advantages=raw_advantages, returns=returns, advantages=raw_advantages)
+
+    # 6b. Advantages whitened over all action tokens of the batch (if the estimator whitens);
+    #     returns stay raw.
+    if estimator.whiten:
+        if int(rollout.mask.sum()) < 2:
+            raise ValueError(
+                f"iteration {iteration}: fewer than 2 action tokens left to whiten "
+                f"({int((~rollout.valid).sum())} of {count} samples skipped for bad scores)"
+            )
+        rollout = replace(rollout, advantages=masked_whiten(raw_advantages, rollout.mask))
     clock.lap("seconds_advantages")
-    return replace(rollout, advantages=advantages)
+    return rollout
 
 
 def _score(
@@ -205,13 +221,13 @@ def _generate(
 
 @torch.no_grad()
 def _forward_no_grad(
-    state: TrainerState, sequences: SequenceBatch, temperature: float, with_critic: bool = True
+    state: TrainerState, sequences: SequenceBatch, temperature: float, *, values: bool, entropy: bool = True
 ) -> ResponseOutputs:
     """Stage 4 for the policy (and critic, entropies), in chunks of ``forward_batch_size`` rows."""
     parts = state.in_chunks(
         sequences.input_ids.shape[0],
         lambda rows: state.actor_critic.response_outputs(
-            sequences.rows(rows), temperature, need_values=with_critic, need_entropy=with_critic
+            sequences.rows(rows), temperature, need_values=values, need_entropy=entropy
         ),
     )
     values = [p.values for p in parts]
@@ -293,7 +309,7 @@ def evaluate(state: TrainerState) -> EvalResult:
     uniforms = sampling_uniforms(config.seed, Stream.EVAL_SAMPLING, 0, sample_index, config.max_new_tokens)
     sequences, ended, responses = _generate(state, prompt_ids, prompt_mask, uniforms, 1.0, top=False)
     scored, valid = _score(state, state.eval_scorer, prompts, responses, sequences, ended, sample_index)
-    logprobs = _forward_no_grad(state, sequences, 1.0, with_critic=False).logprobs
+    logprobs = _forward_no_grad(state, sequences, 1.0, values=False, entropy=False).logprobs
     ref_logprobs = _reference_logprobs(state, sequences, 1.0)
     kl = kl_penalty(logprobs, ref_logprobs, config.kl_estimator, mask=sequences.response_mask)
     rows = state.parallel.gather_rows

@@ -89,7 +89,7 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
     # 4. Old log-probs, entropies and values (policy in eval mode, logits / temperature; values
     #    only with a critic: a critic-free run has no value model, and its rollout holds zeros),
     #    reference log-probs.
-    outputs = _forward_no_grad(state, sequences, config.temperature, values=config.uses_critic)
+    outputs = _forward_no_grad(state, sequences, config.temperature, need_values=config.uses_critic)
     ref_logprobs = _reference_logprobs(state, sequences, config.temperature)
     assert outputs.entropy is not None
     values, bootstrap_values = outputs.values, outputs.bootstrap_values
@@ -221,13 +221,18 @@ def _generate(
 
 @torch.no_grad()
 def _forward_no_grad(
-    state: TrainerState, sequences: SequenceBatch, temperature: float, *, values: bool, entropy: bool = True
+    state: TrainerState,
+    sequences: SequenceBatch,
+    temperature: float,
+    *,
+    need_values: bool,
+    need_entropy: bool = True,
 ) -> ResponseOutputs:
     """Stage 4 for the policy (and critic, entropies), in chunks of ``forward_batch_size`` rows."""
     parts = state.in_chunks(
         sequences.input_ids.shape[0],
         lambda rows: state.actor_critic.response_outputs(
-            sequences.rows(rows), temperature, need_values=values, need_entropy=entropy
+            sequences.rows(rows), temperature, need_values=need_values, need_entropy=need_entropy
         ),
     )
     values = [p.values for p in parts]
@@ -309,7 +314,7 @@ def evaluate(state: TrainerState) -> EvalResult:
     uniforms = sampling_uniforms(config.seed, Stream.EVAL_SAMPLING, 0, sample_index, config.max_new_tokens)
     sequences, ended, responses = _generate(state, prompt_ids, prompt_mask, uniforms, 1.0, top=False)
     scored, valid = _score(state, state.eval_scorer, prompts, responses, sequences, ended, sample_index)
-    logprobs = _forward_no_grad(state, sequences, 1.0, values=False, entropy=False).logprobs
+    logprobs = _forward_no_grad(state, sequences, 1.0, need_values=False, need_entropy=False).logprobs
     ref_logprobs = _reference_logprobs(state, sequences, 1.0)
     kl = kl_penalty(logprobs, ref_logprobs, config.kl_estimator, mask=sequences.response_mask)
     rows = state.parallel.gather_rows

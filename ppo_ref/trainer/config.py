@@ -24,6 +24,7 @@ __all__ = [
     "CRITIC_FREE_ESTIMATORS",
     "GROUP_ESTIMATORS",
     "RESUME_MUTABLE_FIELDS",
+    "SEQUENCE_LEVEL_ESTIMATORS",
     "TrainerConfig",
     "check_field_values",
     "config_from_toml",
@@ -123,8 +124,49 @@ class TrainerConfig:
     """Weight of the value loss."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (subtracted from the loss)."""
-    loss_agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    """Policy-loss aggregation over a minibatch (normalised over the whole minibatch, not per micro-batch)."""
+    loss_agg: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """Reduction of the policy (and KL) loss over a minibatch, as ppo_ref.aggregate_loss (the last mode
+    is Dr. GRPO's); normalised by the whole minibatch's counts, however it is split into micro
+    batches and processes."""
+    # -- 7: the policy loss's family (checked together in _check_loss_fields) --------------------
+    norm_constant: float | None = None
+    """Divisor C of loss_agg = seq-mean-token-sum-norm (None = max_new_tokens); only with that mode."""
+    policy_loss: Literal["ppo", "gspo", "cispo"] = "ppo"
+    """ppo (the clipped token ratio), gspo (the clipped sequence ratio; needs one advantage per
+    sequence and the sequence mean as loss_agg) or cispo (a clipped, detached IS weight times the
+    log prob)."""
+    clip_eps_high: float | None = None
+    """Upper clip offset (DAPO's clip higher; >= clip_eps; None = clip_eps). For cispo the weight's
+    upper bound is 1 + clip_eps_high and its lower 1 - clip_eps."""
+    dual_clip: float | None = None
+    """Dual clip c > 1 of PPO (a negative advantage's objective is bounded by c * A; None = off)."""
+    kl_in: Literal["reward", "loss"] = "reward"
+    """Where the KL to the reference goes: the token rewards (-kl_coef * KL per token), or the loss
+    (kl_coef * kl_loss, aggregated like the policy loss; then no KL in the rewards)."""
+    kl_loss_estimator: Literal["k1", "k2", "k3", "k3+"] | None = None
+    """KL estimator of kl_in = loss (None = k3, as GRPO); only with kl_in = loss."""
+    rollout_correction: Literal[
+        "none",
+        "token-truncate",
+        "token-mask",
+        "sequence-truncate",
+        "sequence-mask",
+        "geometric-truncate",
+        "geometric-mask",
+    ] = "none"
+    """Importance correction for the sampler's log probs (ppo_ref.rollout_correction), LEVEL and MODE:
+    per token, per sequence (product) or geometric (the sequence's geometric mean); truncate (TIS) or
+    mask (MIS, IcePop). Each token's policy loss is weighted by w = exp(old log prob minus the
+    sampler's log prob), truncated at or masked outside the bounds below."""
+    rollout_correction_high: float = 2.0
+    """Upper bound of the rollout-correction weight (truncate: min(w, high); mask: w > high gives 0)."""
+    rollout_correction_low: float | None = None
+    """Lower bound of the rollout-correction weight (None = no lower bound); <= rollout_correction_high."""
+    rollout_temperature: float | None = None
+    """Sampling temperature of the generator when it should differ from temperature (None = the same):
+    makes the sampler and the trained policy differ on purpose (to exercise rollout_correction)."""
     critic: Literal["policy", "reward", "value-head"] = "policy"
     """Critic: separate model from the policy's backbone, from the reward model's, or a head on the policy."""
     learning_rate: float = 1e-4
@@ -197,6 +239,7 @@ class TrainerConfig:
         _require(self.out != "", "out", "a non-empty path")
         _require(self.task != "", "task", "a non-empty task name")
         self._check_estimator_fields()
+        self._check_loss_fields()
 
     def _check_estimator_fields(self) -> None:
         """The advantage estimator's combinations (see :data:`CRITIC_FIELDS`)."""
@@ -223,6 +266,82 @@ class TrainerConfig:
                     f"({_UNUSED_BECAUSE[name]}); leave it at its default {default!r}"
                 )
 
+    def _check_loss_fields(self) -> None:
+        """The policy loss's combinations: ranges, then the pairs that make no sense together."""
+        for name in ("norm_constant", "rollout_temperature", "rollout_correction_low"):
+            value = getattr(self, name)
+            _require(value is None or value > 0, name, "a number > 0 or None")
+        _require(self.rollout_correction_high > 0, "rollout_correction_high", "a number > 0")
+        if self.clip_eps_high is not None:
+            _require(
+                self.clip_eps_high >= self.clip_eps, "clip_eps_high", f">= clip_eps={self.clip_eps} or None"
+            )
+        if self.dual_clip is not None:
+            _require(
+                self.dual_clip > 1, "dual_clip", "a number > 1 or None (the dual clip bounds ratios above 1)"
+            )
+            _require(
+                self.policy_loss == "ppo",
+                "dual_clip",
+                f"None with policy_loss={self.policy_loss!r} (only ppo has a dual clip)",
+            )
+        if self.norm_constant is not None:
+            _require(
+                self.loss_agg == "seq-mean-token-sum-norm",
+                "norm_constant",
+                f"None with loss_agg={self.loss_agg!r} (only seq-mean-token-sum-norm divides by it)",
+            )
+        if self.policy_loss == "gspo":
+            _require(
+                self.advantage_estimator in SEQUENCE_LEVEL_ESTIMATORS,
+                "advantage_estimator",
+                f"one of {SEQUENCE_LEVEL_ESTIMATORS} with policy_loss='gspo' (GSPO weighs one advantage per "
+                f"sequence; {self.advantage_estimator!r} gives one per token)",
+            )
+            _require(
+                self.loss_agg == "seq-mean-token-mean",
+                "loss_agg",
+                "'seq-mean-token-mean' with policy_loss='gspo' (gspo_loss averages over sequences)",
+            )
+            _require(
+                not self.rollout_correction.startswith("token-"),
+                "rollout_correction",
+                "a sequence or geometric level with policy_loss='gspo' (one weight per sequence)",
+            )
+        if self.kl_in == "reward":
+            _require(
+                self.kl_loss_estimator is None,
+                "kl_loss_estimator",
+                "None with kl_in='reward' (kl_estimator sets the reward's KL; this one is for kl_in='loss')",
+            )
+        if self.rollout_correction == "none":
+            for name in ("rollout_correction_high", "rollout_correction_low"):
+                _require(
+                    getattr(self, name) == _DEFAULTS[name],
+                    name,
+                    f"its default {_DEFAULTS[name]!r} with rollout_correction='none' (no correction uses it)",
+                )
+        low = self.rollout_correction_low
+        if low is not None:
+            _require(
+                low <= self.rollout_correction_high,
+                "rollout_correction_low",
+                f"<= rollout_correction_high={self.rollout_correction_high} or None",
+            )
+
+    @property
+    def sampling_temperature(self) -> float:
+        """The generator's temperature: ``rollout_temperature``, or ``temperature`` when it is None."""
+        return self.temperature if self.rollout_temperature is None else self.rollout_temperature
+
+    @property
+    def loss_norm_constant(self) -> float | None:
+        """``norm_constant`` of the loss aggregation: ``max_new_tokens`` by default for
+        seq-mean-token-sum-norm, None for the other modes."""
+        if self.loss_agg != "seq-mean-token-sum-norm":
+            return None
+        return float(self.max_new_tokens) if self.norm_constant is None else self.norm_constant
+
     @property
     def uses_critic(self) -> bool:
         """Whether the run has a critic (value model): only with ``advantage_estimator = "gae"``.
@@ -237,6 +356,10 @@ class TrainerConfig:
 
 CRITIC_FREE_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++-baseline")
 """The advantage estimators without a critic: the trainer builds no value model for them."""
+
+SEQUENCE_LEVEL_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce++-baseline")
+"""The advantage estimators that give one advantage per sequence (the same on each of its action
+tokens; whitening keeps that): the ones policy_loss = gspo accepts."""
 
 GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce++-baseline")
 """The advantage estimators whose baseline is the group of responses to the same prompt (group_size >= 2)."""

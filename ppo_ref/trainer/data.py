@@ -94,7 +94,11 @@ class ScoredBatch:
 
 @dataclass(frozen=True)
 class TrainingBatch:
-    """What stage 7 needs from a rollout; every tensor is (B, N) except ``sequences``."""
+    """What stage 7 needs from a rollout; every tensor is (B, N) except ``sequences``.
+
+    ``ref_logprobs`` (the reference's log-probs, for ``kl_in = "loss"``) and ``correction_weights``
+    (the rollout-correction weights, for ``rollout_correction``) are None when not given.
+    """
 
     sequences: SequenceBatch
     mask: Tensor
@@ -102,6 +106,8 @@ class TrainingBatch:
     old_values: Tensor
     advantages: Tensor
     returns: Tensor
+    ref_logprobs: Tensor | None = None
+    correction_weights: Tensor | None = None
 
     def rows(self, index: Tensor | slice) -> TrainingBatch:
         """The sub-batch of the given rows."""
@@ -112,6 +118,8 @@ class TrainingBatch:
             self.old_values[index],
             self.advantages[index],
             self.returns[index],
+            None if self.ref_logprobs is None else self.ref_logprobs[index],
+            None if self.correction_weights is None else self.correction_weights[index],
         )
 
     @property
@@ -142,6 +150,10 @@ class Rollout:
         rewards: stage 5 token rewards.
         raw_advantages, returns: stage 6 advantage estimator's output (not whitened).
         advantages: ``raw_advantages`` whitened over all action tokens of the batch.
+        rollout_logprobs: the sampler's log-prob of each sampled token (the generator's
+            distribution, at ``sampling_temperature``), recorded only for ``rollout_correction``.
+        correction_weights: ``rollout_correction``'s weights of the old log-probs against
+            ``rollout_logprobs`` (0 off the mask), or None without a correction.
     """
 
     iteration: int
@@ -163,6 +175,8 @@ class Rollout:
     raw_advantages: Tensor
     returns: Tensor
     advantages: Tensor
+    rollout_logprobs: Tensor | None = None
+    correction_weights: Tensor | None = None
 
     @property
     def mask(self) -> Tensor:
@@ -172,7 +186,14 @@ class Rollout:
     def training_batch(self) -> TrainingBatch:
         """The tensors stage 7 trains on."""
         return TrainingBatch(
-            self.sequences, self.mask, self.old_logprobs, self.values, self.advantages, self.returns
+            self.sequences,
+            self.mask,
+            self.old_logprobs,
+            self.values,
+            self.advantages,
+            self.returns,
+            self.ref_logprobs,
+            self.correction_weights,
         )
 
 

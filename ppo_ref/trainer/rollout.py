@@ -53,4 +53,6 @@ def gather_rollout(parallel: DataParallel, local: Rollout, pad_id: int) -> Rollo
         raw_advantages=rows(local.raw_advantages),
         returns=rows(local.returns),
         advantages=rows(local.advantages),
+        rollout_logprobs=None if local.rollout_logprobs is None else rows(local.rollout_logprobs),
+        correction_weights=None if local.correction_weights is None else rows(local.correction_weights),
     )

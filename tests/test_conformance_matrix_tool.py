@@ -1,5 +1,6 @@
-"""tools/conformance_matrix.py: findings parsed into matrix cells, the Markdown it renders, and its
---check mode, on hand-made reports."""
+"""tools/conformance_matrix.py on fabricated run results: findings parsed from their header lines,
+FAIL cells linked by evidence (the failing test ids), reach per cell and per library, the Markdown it
+renders, no machine paths, and its --check mode (verdicts, reach, linked findings)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,7 @@ def _report(
         "wall_seconds": 12.3,
         "metadata": {
             "versions": {name: "1.0", "torch": "2.13.0+cpu"},
+            "test_versions": {"hypothesis": "6.0", "pytest": "8.0", "numpy": "2.0"},
             "convention_sources": {"approx_kl": "lib/file.py Trainer.train: approxkl = ..."},
             "not_provided": {"entropy": "no such function"},
         },
@@ -67,89 +69,224 @@ FINDINGS_TEXT = """# Findings
 <a id="lib-gae-padding"></a>
 ### lib-gae-padding: the recursion reads padded values
 
-Matrix cells: lib GAE-2, lib IN-1,
-  lib GAE-4
+Implementations: lib
+Reach: trainer-path
+Explains: GAE-2/c8-skip-holes,
+  `test_holes_and_padding_are_skipped`
 
 ```python
-print("repro")  # lib GAE-1 here is code, not a cell
+print("repro")  # Explains: GAE-2/never-parsed is code
 ```
 
-<a id="lib-approxkl"></a>
-### lib-approxkl
-Matrix cells: lib PG-5
+<a id="lib-nan-padding"></a>
+### lib-nan-padding
+Reach: robustness
+Explains: test_masked_out_entries_change_nothing[*]
+Prose under the header: GAE-2/c8-skip-holes is not an id here.
+
+<a id="other-gae"></a>
+### other-gae: another library, the same test
+Implementations: other
+Reach: latent
+Explains: test_holes_and_padding_are_skipped
+
+<a id="lib-unfailed"></a>
+### lib-unfailed: evidence that does not fail in this run
+Reach: metrics-only
+Explains: test_never_failed
 """
 
-REPORTS = {
-    "mine": _report("mine", [_clause("GAE-2", "pass"), _clause("PG-5", "pass"), _clause("ENT-1", "pass")]),
-    "lib": _report(
-        "lib",
-        [
-            _clause("GAE-2", "fail", first_failure="advantages differ"),
-            _clause("PG-5", "declared convention", declared_conventions=["approx_kl='k2'"]),
-            _clause("ENT-1", "not provided", skip_reasons=["not provided: op 'entropy' is not in the ops"]),
-        ],
-        {"approx_kl": "'k2'"},
-    ),
-}
+FAMILY_TEXT = """<a id="lib-contract"></a>
+### lib-contract
+Implementations: lib, other
+Reach: adapter
+Explains: CONTRACT
+"""
+
+GAE_TESTS = [
+    "conformance/test_hand_cases.py::test_hand_case[GAE-2/c8-skip-holes]",
+    "conformance/test_gae.py::test_holes_and_padding_are_skipped",
+    "conformance/test_invariance.py::test_masked_out_entries_change_nothing[gae]",
+]
 
 
-def test_findings_map_cells_to_anchors() -> None:
-    cells = _tool().parse_findings([FINDINGS_TEXT])
-    assert cells == {
-        ("lib", "GAE-2"): ["lib-gae-padding"],
-        ("lib", "IN-1"): ["lib-gae-padding"],
-        ("lib", "GAE-4"): ["lib-gae-padding"],
-        ("lib", "PG-5"): ["lib-approxkl"],
+def _reports(gae_tests: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    return {
+        "mine": _report(
+            "mine", [_clause("GAE-2", "pass"), _clause("PG-5", "pass"), _clause("ENT-1", "pass")]
+        ),
+        "lib": _report(
+            "lib",
+            [
+                _clause(
+                    "GAE-2", "fail", first_failure="advantages differ", failing_tests=gae_tests or GAE_TESTS
+                ),
+                _clause("PG-5", "declared convention", declared_conventions=["approx_kl='k2'"]),
+                _clause(
+                    "ENT-1", "not provided", skip_reasons=["not provided: op 'entropy' is not in the ops"]
+                ),
+            ],
+            {"approx_kl": "'k2'"},
+        ),
     }
 
 
-def test_matrix_links_failures_and_conventions() -> None:
+REPORTS = _reports()
+
+
+def _findings() -> Any:
+    return _tool().parse_findings([FINDINGS_TEXT, ("findings-family.md", FAMILY_TEXT)])
+
+
+def test_findings_header_lines_are_parsed() -> None:
+    found = _findings()
+    assert list(found) == ["lib-gae-padding", "lib-nan-padding", "other-gae", "lib-unfailed", "lib-contract"]
+    gae = found["lib-gae-padding"]
+    assert gae.implementations == ("lib",)
+    assert gae.reach == "trainer-path"
+    assert gae.explains == ("GAE-2/c8-skip-holes", "test_holes_and_padding_are_skipped")
+    assert gae.source == "findings.md"
+    assert found["lib-nan-padding"].implementations == ("lib",)  # from the id's prefix
+    assert found["lib-nan-padding"].explains == ("test_masked_out_entries_change_nothing[*]",)
+    assert found["lib-contract"].implementations == ("lib", "other")
+    assert found["lib-contract"].source == "findings-family.md"
+
+
+def test_an_unknown_reach_is_kept_as_unknown() -> None:
+    found = _tool().parse_findings(['<a id="x-1"></a>\nReach: serious\nExplains: test_a\n'])
+    assert found["x-1"].reach == "unknown"
+
+
+def test_failures_link_only_to_findings_whose_ids_failed() -> None:
     tool = _tool()
-    matrix = tool.build_matrix(REPORTS, tool.parse_findings([FINDINGS_TEXT]))
+    found = _findings()
+    ids, unexplained = tool.link_failures("lib", "GAE-2", GAE_TESTS, found)
+    assert ids == ["lib-gae-padding", "lib-nan-padding"]
+    assert unexplained == []
+    # one test only: the finding whose evidence is another test is not linked
+    ids, unexplained = tool.link_failures("lib", "GAE-2", GAE_TESTS[2:], found)
+    assert ids == ["lib-nan-padding"]
+    # another library failing the same test is linked to its own finding only
+    ids, unexplained = tool.link_failures("other", "GAE-2", GAE_TESTS[1:2], found)
+    assert ids == ["other-gae"]
+    ids, unexplained = tool.link_failures(
+        "lib", "GAE-3", ["conformance/test_gae.py::test_something_else"], found
+    )
+    assert (ids, unexplained) == ([], ["conformance/test_gae.py::test_something_else"])
+
+
+def test_a_clause_id_explains_a_failure_without_test_ids() -> None:
+    tool = _tool()
+    ids, unexplained = tool.link_failures("lib", "CONTRACT", [], _findings())
+    assert (ids, unexplained) == (["lib-contract"], [])
+    ids, unexplained = tool.link_failures("lib", "GAE-2", [], _findings())
+    assert (ids, unexplained) == ([], ["GAE-2 (no failing test id)"])
+
+
+def test_matrix_cells_carry_findings_reach_and_counts() -> None:
+    tool = _tool()
+    matrix = tool.build_matrix(REPORTS, _findings())
     assert matrix["unexplained_failures"] == []
     rows = {row["id"]: row["verdicts"] for row in matrix["clauses"]}
-    assert rows["GAE-2"]["lib"] == {
-        "verdict": "fail",
-        "findings": ["lib-gae-padding"],
-        "detail": "advantages differ",
-    }
+    cell = rows["GAE-2"]["lib"]
+    assert cell["findings"] == ["lib-gae-padding", "lib-nan-padding"]
+    assert cell["reach"] == "trainer-path"  # the most severe of trainer-path and robustness
+    assert cell["finding_reach"] == {"lib-gae-padding": "trainer-path", "lib-nan-padding": "robustness"}
+    assert matrix["reach_counts"] == {"mine": {}, "lib": {"trainer-path": 1}}
+    assert matrix["findings"]["lib-unfailed"]["linked"] is False
+    assert matrix["findings"]["lib-gae-padding"]["linked"] is True
+
+
+def test_robustness_only_cell_and_an_unexplained_test() -> None:
+    tool = _tool()
+    extra = "conformance/test_gae.py::test_new_property"
+    matrix = tool.build_matrix(_reports([GAE_TESTS[2], extra]), _findings())
+    cell = {row["id"]: row["verdicts"] for row in matrix["clauses"]}["GAE-2"]["lib"]
+    assert cell["findings"] == ["lib-nan-padding"]
+    assert cell["unexplained"] == [extra]
+    assert cell["reach"] == "unexplained"
+    assert matrix["unexplained_failures"] == [f"lib GAE-2: {extra}"]
+    text = tool.render_markdown(matrix)
+    assert "**FAIL** (unexplained): [lib-nan-padding](findings.md#lib-nan-padding), 1 failing test no" in text
+    assert f"- lib GAE-2: {extra}" in text
+    matrix = tool.build_matrix(_reports([GAE_TESTS[2]]), _findings())
+    assert matrix["reach_counts"]["lib"] == {"robustness": 1}
+    assert "- `lib`: robustness 1" in tool.render_markdown(matrix)
+
+
+def test_markdown_links_failures_conventions_and_sources() -> None:
+    tool = _tool()
+    matrix = tool.build_matrix(REPORTS, _findings())
     text = tool.render_markdown(matrix)
     assert (
-        "| GAE-2 | title of GAE-2 | pass | **FAIL**: [lib-gae-padding](findings.md#lib-gae-padding) |" in text
-    )
+        "| GAE-2 | title of GAE-2 | pass | **FAIL** (trainer-path): "
+        "[lib-gae-padding](findings.md#lib-gae-padding) (trainer-path), "
+        "[lib-nan-padding](findings.md#lib-nan-padding) (robustness) |"
+    ) in text
     assert "declared convention ([approx_kl](#lib-convention-approx-kl))" in text
     assert "<a id=\"lib-convention-approx-kl\"></a>`approx_kl='k2'`: lib/file.py Trainer.train" in text
     assert "[not provided](#lib-not-provided-ent-1)" in text
     assert "<a id=\"lib-not-provided-ent-1\"></a>ENT-1: not provided: op 'entropy' is not in the ops" in text
     assert "- op `entropy`: no such function" in text
     assert "lib functions \\| with a pipe" in text  # table-safe provenance
-    assert "| `lib` | lib 1.0, torch 2.13.0+cpu | 2026-11-29 12:00 UTC | 12 s |" in text
+    assert "| `lib` | lib 1.0, torch 2.13.0+cpu | hypothesis 6.0, pytest 8.0, numpy 2.0 |" in text
+    assert "[lib-unfailed](findings.md#lib-unfailed) (metrics-only)" in text  # listed as not linked
+    contract = tool.build_matrix(
+        {"lib": _report("lib", [_clause("CONTRACT", "fail", first_failure="bad adapter")])}, _findings()
+    )
+    assert "**FAIL** (adapter): [lib-contract](findings-family.md#lib-contract)" in tool.render_markdown(
+        contract
+    )
 
 
-def test_failure_without_a_finding_is_flagged() -> None:
+def test_no_machine_path_reaches_the_docs() -> None:
     tool = _tool()
-    matrix = tool.build_matrix(REPORTS, {})
-    assert matrix["unexplained_failures"] == ["lib GAE-2"]
-    assert "**FAIL** (no findings entry)" in tool.render_markdown(matrix)
+    report = json.loads(json.dumps(REPORTS["lib"]))
+    site = "/home/someone/proj/.envs/lib/lib/python3.11/site-packages/lib/core.py:12"
+    report["implementation"]["provenance"] = f"lib.core.gae ({site}); checkout {tool.REPO}/tools/x.py"
+    report["clauses"][0]["first_failure"] = "see /tmp/pytest-of-x/test_0/out.json and /work/other/file.py"
+    matrix = tool.build_matrix({"lib": report}, _findings())
+    text = tool.render_markdown(matrix) + json.dumps(matrix)
+    assert "site-packages/lib/core.py:12" in text
+    assert "checkout tools/x.py" in text
+    for prefix in ("/home/", "/tmp/", "/work/", str(tool.REPO)):
+        assert prefix not in text
+    assert "verl/workers/config/actor.py" == tool.scrub("verl/workers/config/actor.py")
 
 
-def test_a_partial_run_keeps_the_other_columns() -> None:
+def test_a_partial_run_keeps_and_relinks_the_other_columns() -> None:
     tool = _tool()
-    findings = tool.parse_findings([FINDINGS_TEXT])
-    full = json.loads(json.dumps(tool.build_matrix(REPORTS, findings)))
-    updated = tool.build_matrix({"mine": REPORTS["mine"]}, findings, full)
+    full = json.loads(json.dumps(tool.build_matrix(REPORTS, _findings())))
+    updated = tool.build_matrix({"mine": REPORTS["mine"]}, _findings(), full)
     assert updated["implementations"] == ["mine", "lib"]
     assert updated["clauses"] == full["clauses"]
+    fewer = {k: v for k, v in _findings().items() if k != "lib-gae-padding"}
+    relinked = tool.build_matrix({"mine": REPORTS["mine"]}, fewer, full)
+    cell = {row["id"]: row["verdicts"] for row in relinked["clauses"]}["GAE-2"]["lib"]
+    assert cell["findings"] == ["lib-nan-padding"]
+    assert cell["reach"] == "unexplained"  # the hand case and the GAE property lost their finding
 
 
-def test_check_mode_reports_changed_verdicts() -> None:
+def test_check_compares_verdicts_reach_and_linked_findings() -> None:
     tool = _tool()
-    matrix = json.loads(json.dumps(tool.build_matrix(REPORTS, {})))
-    assert tool.verdict_differences(matrix, REPORTS) == []
+    found = _findings()
+    matrix = json.loads(json.dumps(tool.build_matrix(REPORTS, found)))
+    assert tool.check_differences(matrix, REPORTS, found) == []
     changed = json.loads(json.dumps(REPORTS["lib"]))
     changed["clauses"][0] = _clause("GAE-2", "pass")
-    assert tool.verdict_differences(matrix, {"lib": changed}) == ["lib GAE-2: committed 'fail', now 'pass'"]
+    assert tool.check_differences(matrix, {"lib": changed}, found) == [
+        "lib GAE-2: verdict committed 'fail', now 'pass'"
+    ]
     assert tool.verdict_differences(matrix, {"other": changed}) == ["other: not in the committed matrix"]
+    # the same verdicts, a finding's reach changed
+    softer = dict(found)
+    softer["lib-gae-padding"] = found["lib-gae-padding"]._replace(reach="latent")
+    differences = tool.check_differences(matrix, REPORTS, softer)
+    assert any(d.startswith("lib GAE-2: reach committed 'trainer-path', now 'latent'") for d in differences)
+    # the same verdicts, a finding gone: findings, reach and unexplained tests differ
+    fewer = {k: v for k, v in found.items() if k != "lib-gae-padding"}
+    differences = tool.check_differences(matrix, REPORTS, fewer)
+    assert [d.split(":")[1].split()[0] for d in differences] == ["reach", "findings", "unexplained"]
 
 
 def test_check_mode_exit_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -159,16 +296,28 @@ def test_check_mode_exit_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     reports.mkdir()
     for name, report in REPORTS.items():
         (reports / f"{name}.run.json").write_text(json.dumps(report), encoding="utf-8")
+    findings = tmp_path / "findings.md"
+    findings.write_text(FINDINGS_TEXT, encoding="utf-8")
     committed = tmp_path / "matrix.json"
-    committed.write_text(json.dumps(tool.build_matrix(REPORTS, {})), encoding="utf-8")
+    committed.write_text(json.dumps(tool.build_matrix(REPORTS, _tool().parse_findings([FINDINGS_TEXT]))))
     monkeypatch.setattr(tool, "MATRIX_JSON", committed)
     monkeypatch.setattr(tool, "REPO", tmp_path)
     monkeypatch.setattr(tool, "ALL_NAMES", ("mine", "lib"))
     before = committed.read_text(encoding="utf-8")
-    args = ["--check", "--render-only", "--reports", str(reports), "mine", "lib"]
+    args = ["--check", "--render-only", "--reports", str(reports), "--findings", str(findings), "mine", "lib"]
     assert tool.main(args) == 0
+    findings.write_text(FINDINGS_TEXT.replace("Reach: trainer-path", "Reach: non-default"), encoding="utf-8")
+    assert tool.main(args) == 1  # same verdicts, another reach
+    findings.write_text(FINDINGS_TEXT, encoding="utf-8")
     changed = json.loads(json.dumps(REPORTS["lib"]))
     changed["clauses"][2] = _clause("ENT-1", "pass")
     (reports / "lib.run.json").write_text(json.dumps(changed), encoding="utf-8")
     assert tool.main(args) == 1
     assert committed.read_text(encoding="utf-8") == before
+
+
+@pytest.mark.slow  # imports torch and the adapters
+def test_describe_records_the_test_tool_versions() -> None:
+    metadata = _tool().describe("mine")
+    assert set(metadata["test_versions"]) == {"hypothesis", "pytest", "numpy"}
+    assert all(v and v != "not installed" for v in metadata["test_versions"].values())

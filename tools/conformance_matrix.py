@@ -11,12 +11,17 @@ For each name it runs ``pytest conformance/ --impl=NAME --conformance-report=...
 implementation's interpreter: ``mine`` in the main ``.venv``, a library in ``.envs/NAME/bin/python``
 (built first with ``tools/thirdparty_envs.py NAME`` when missing, unless ``--no-build``). Reports and
 logs go to ``build/conformance-matrix/``. Then it writes ``docs/conformance-matrix.json`` and
-``docs/conformance-matrix.md``: clauses as rows, implementations as columns, every FAIL cell linked
-to its entry in ``docs/findings.md`` and every declared-convention cell to its source citation.
+``docs/conformance-matrix.md``: clauses as rows, implementations as columns, every declared-convention
+cell linked to its source citation and every FAIL cell linked to findings by evidence.
 
-Findings are matched to cells through the findings file itself: an entry starts with an anchor
-``<a id="FINDING-ID"></a>`` and holds a line ``Matrix cells: trl GAE-2, trl IN-1``. A FAIL cell
-without an entry is rendered "FAIL (no findings entry)" and listed on stderr.
+Findings live in ``docs/findings.md`` and ``docs/findings-family.md``. An entry starts with an anchor
+``<a id="FINDING-ID"></a>`` and has header lines ``Implementations: trl``, ``Reach: metrics-only``
+(one of REACHES) and ``Explains: test ids, test functions, hand-case ids or clause ids``. A FAIL cell
+is linked only to the findings of its implementation whose ``Explains:`` ids match a test that failed
+in that run (the report's ``failing_tests``); a failing test no finding explains is listed and makes
+the cell's reach ``unexplained``. The cell shows the most severe reach of its findings, and each
+implementation gets a count of its FAIL cells by reach (``reach_counts``). ``--check`` compares each
+cell's verdict, reach, linked findings and unexplained tests with the committed matrix.
 
 Hypothesis does not shrink failing examples in these runs (``--shrink`` turns shrinking back on):
 the module is also a pytest plugin (``-p tools.conformance_matrix``) that loads the suite's profile
@@ -41,13 +46,14 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
 MATRIX_JSON = DOCS / "conformance-matrix.json"
 MATRIX_MD = DOCS / "conformance-matrix.md"
 FINDINGS = DOCS / "findings.md"
+FINDINGS_FILES = (FINDINGS, DOCS / "findings-family.md")
 REPORTS = REPO / "build" / "conformance-matrix"
 ALL_NAMES = ("mine", "trl", "verl", "openrlhf", "torchrl", "sb3", "skyrl")
 DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
@@ -60,11 +66,13 @@ DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
     "skyrl": ("skyrl-train", "torch"),
 }
 """Distributions whose versions the matrix shows for each implementation."""
+TEST_DISTRIBUTIONS = ("hypothesis", "pytest", "numpy")
+"""What the suite runs on, recorded per environment (``test_versions``): a regeneration elsewhere
+can match them."""
 
 NO_SHRINK_PROFILE = "ppo-ref-matrix"
 PLUGIN = "tools.conformance_matrix"
 
-CELL_CLAUSE = re.compile(r"\b([a-z0-9_]+) (CONTRACT|[A-Z]+-\d+)\b")
 ANCHOR = re.compile(r'<a id="([A-Za-z0-9_.-]+)"></a>')
 
 
@@ -180,9 +188,16 @@ def describe(name: str) -> dict[str, Any]:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = "not installed"
+    test_versions = {}
+    for dist in TEST_DISTRIBUTIONS:
+        try:
+            test_versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            test_versions[dist] = "not installed"
     declared = getattr(adapter, "conventions", {}) or {}
     return {
         "versions": versions,
+        "test_versions": test_versions,
         "conventions": {key: describe_value(value) for key, value in declared.items()},
         "convention_sources": dict(getattr(adapter, "convention_sources", {}) or {}),
         "not_provided": dict(getattr(adapter, "not_provided", {}) or {}),
@@ -191,35 +206,170 @@ def describe(name: str) -> dict[str, Any]:
 
 # --- findings ---------------------------------------------------------------------------------------
 
+REACHES = ("trainer-path", "non-default", "metrics-only", "latent", "robustness", "convention", "adapter")
+"""A finding's reach, most severe first (docs/findings.md says what each means)."""
+UNEXPLAINED = "unexplained"
+"""The reach of a FAIL cell with a failing test that no finding explains: ranked above every reach."""
+SEVERITY = (UNEXPLAINED, *REACHES, "unknown")
 
-def parse_findings(texts: Iterable[str]) -> dict[tuple[str, str], list[str]]:
-    """(implementation, clause) -> finding ids, from ``<a id="ID"></a>`` anchors and their
-    ``Matrix cells: impl CLAUSE, ...`` lines (a line may continue over the next lines)."""
-    cells: dict[tuple[str, str], list[str]] = {}
-    for text in texts:
+CLAUSE_ID = re.compile(r"^(?:CONTRACT|[A-Z]+(?:-[A-Z]+)*-\d+[a-z]?)$")
+HEADER = re.compile(
+    r"^\s*(?:[-*]\s+)?(Implementations|Reach|Explains|Version|Reproduction|Upstream)\s*:\s*(.*)$", re.I
+)
+
+
+class Finding(NamedTuple):
+    """One entry of a findings file: ``<a id="ID"></a>`` and its header lines.
+
+    ``explains`` holds the evidence: test ids (``conformance/test_gae.py::test_x[p]``, or the part
+    after ``::``), test functions (``test_x``: every parametrization), hand-case ids
+    (``GAE-2/c8-skip-holes``, the bracket part of ``test_hand_case[...]``), ``*`` as a wildcard, or a
+    clause id (``GAE-2``: every failing test of that clause, the coarsest evidence)."""
+
+    id: str
+    implementations: tuple[str, ...]
+    reach: str
+    explains: tuple[str, ...]
+    source: str = "findings.md"
+    version: str = ""
+    reproduction: str = ""
+
+
+def _split_items(text: str) -> list[str]:
+    return [item.strip().strip("`").strip() for item in text.split(",") if item.strip().strip("`").strip()]
+
+
+def _finding(fid: str, fields: Mapping[str, str], source: str) -> Finding:
+    impls = tuple(_split_items(fields.get("implementations", ""))) or (fid.split("-", 1)[0],)
+    reach = fields.get("reach", "").strip().strip("`").split()
+    return Finding(
+        id=fid,
+        implementations=impls,
+        reach=reach[0] if reach and reach[0] in REACHES else "unknown",
+        explains=tuple(_split_items(fields.get("explains", ""))),
+        source=source,
+        version=fields.get("version", "").strip(),
+        reproduction=fields.get("reproduction", "").strip().strip("`"),
+    )
+
+
+def parse_findings(texts: Iterable[str | tuple[str, str]]) -> dict[str, Finding]:
+    """Finding id -> Finding, from ``(file name, text)`` pairs (a bare text is ``findings.md``).
+
+    An entry starts at ``<a id="ID"></a>`` and ends at the next anchor; its header lines are
+    ``Implementations: trl`` (adapter names; default: the id's prefix), ``Reach: one of REACHES``,
+    ``Explains: id, id, ...`` (continued on the following indented lines), and optionally
+    ``Version:``, ``Reproduction:``, ``Upstream:``. An unknown reach is kept as ``unknown``."""
+    found: dict[str, Finding] = {}
+    for item in texts:
+        source, text = ("findings.md", item) if isinstance(item, str) else item
         current: str | None = None
-        collecting = False
+        fields: dict[str, str] = {}
+        collecting: str | None = None
+
         for line in text.splitlines():
             anchor = ANCHOR.search(line)
             if anchor:
-                current, collecting = anchor.group(1), False
+                if current is not None:
+                    found[current] = _finding(current, fields, source)
+                current, fields, collecting = anchor.group(1), {}, None
                 continue
             if current is None:
                 continue
-            if line.strip().lower().startswith("matrix cells:"):
-                collecting = True
-                line = line.split(":", 1)[1]
-            elif collecting and (not line.strip() or line.lstrip().startswith(("#", "```"))):
-                collecting = False
-            if collecting:
-                for impl, clause in CELL_CLAUSE.findall(line):
-                    ids = cells.setdefault((impl, clause), [])
-                    if current not in ids:
-                        ids.append(current)
-    return cells
+            header = HEADER.match(line)
+            if header and header.group(1).lower() not in fields:
+                key = header.group(1).lower()
+                fields[key] = header.group(2)
+                collecting = key if key == "explains" else None
+            elif collecting and line[:1].isspace() and line.strip():
+                fields[collecting] += "," + line
+            else:
+                collecting = None
+        if current is not None:
+            found[current] = _finding(current, fields, source)
+    return found
+
+
+def _pattern(item: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in item.split("*")))
+
+
+def _test_forms(test: str) -> list[str]:
+    """The names a finding may use for a failing test id."""
+    tail = test.split("::", 1)[-1]
+    forms = [test, tail, tail.split("[", 1)[0]]
+    if "[" in tail and tail.endswith("]"):
+        forms.append(tail[tail.index("[") + 1 : -1])
+    return forms
+
+
+def explains(finding: Finding, impl: str, clause: str, test: str | None) -> bool:
+    """Whether ``finding`` explains the failure of ``test`` (None: the clause failed without a test
+    id) in the FAIL cell (``impl``, ``clause``)."""
+    if impl not in finding.implementations:
+        return False
+    for item in finding.explains:
+        if CLAUSE_ID.match(item):
+            if item == clause:
+                return True
+            continue
+        if test is not None and any(_pattern(item).fullmatch(form) for form in _test_forms(test)):
+            return True
+    return False
+
+
+def link_failures(
+    impl: str, clause: str, failing_tests: Iterable[str], findings: Mapping[str, Finding]
+) -> tuple[list[str], list[str]]:
+    """(ids of the findings that explain at least one failing test, failing tests none explains).
+
+    A FAIL cell without failing test ids (a contract failure) is explained only by a clause id."""
+    tests: list[str | None] = list(failing_tests) or [None]
+    linked: list[str] = []
+    unexplained: list[str] = []
+    for test in tests:
+        hits = [f.id for f in findings.values() if explains(f, impl, clause, test)]
+        if not hits:
+            unexplained.append(test if test is not None else f"{clause} (no failing test id)")
+        linked += [h for h in hits if h not in linked]
+    order = list(findings)
+    return sorted(linked, key=order.index), unexplained
+
+
+def cell_reach(
+    finding_ids: Iterable[str], unexplained: Iterable[str], findings: Mapping[str, Finding]
+) -> str:
+    """The most severe reach among the linked findings; ``unexplained`` when any failing test has no
+    finding (SEVERITY gives the order)."""
+    reaches = [findings[i].reach if i in findings else "unknown" for i in finding_ids]
+    if list(unexplained) or not reaches:
+        reaches.append(UNEXPLAINED)
+    return min(reaches, key=SEVERITY.index)
+
+
+def load_findings(paths: Iterable[Path]) -> dict[str, Finding]:
+    """The findings of the files that exist, each linked by its own file name."""
+    return parse_findings([(p.name, p.read_text(encoding="utf-8")) for p in paths if p.exists()])
 
 
 # --- the matrix -------------------------------------------------------------------------------------
+
+_SITE_PACKAGES = re.compile(r"(?<![\w.])(?:[A-Za-z]:)?/(?:[^\s/'\"()\[\]]+/)*?site-packages/")
+_ABSOLUTE = re.compile(r"(?<![\w.:/])/(?:work|home|tmp|root|usr|opt|var|Users|private)/[^\s'\"()\]]*")
+
+
+def scrub(value: Any) -> Any:
+    """``value`` (JSON data) with machine paths taken out: the checkout becomes relative, a
+    site-packages prefix becomes ``site-packages/``, any other absolute path ``<path>``."""
+    if isinstance(value, str):
+        text = value.replace(str(REPO) + "/", "").replace(str(REPO), ".")
+        text = _SITE_PACKAGES.sub("site-packages/", text)
+        return _ABSOLUTE.sub("<path>", text)
+    if isinstance(value, list):
+        return [scrub(v) for v in value]
+    if isinstance(value, dict):
+        return {k: scrub(v) for k, v in value.items()}
+    return value
 
 
 def _column(report: Mapping[str, Any]) -> dict[str, Any]:
@@ -229,6 +379,7 @@ def _column(report: Mapping[str, Any]) -> dict[str, Any]:
         "name": impl["name"],
         "version": impl["version"],
         "versions": metadata.get("versions", {}),
+        "test_versions": metadata.get("test_versions", {}),
         "report_date": report["date"],
         "python": report["python"],
         "wall_seconds": report.get("wall_seconds"),
@@ -245,13 +396,21 @@ def _column(report: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _cell(
-    entry: Mapping[str, Any], impl: str, findings: Mapping[tuple[str, str], list[str]]
-) -> dict[str, Any]:
+def _link(cell: dict[str, Any], impl: str, clause: str, findings: Mapping[str, Finding]) -> None:
+    """Fill a FAIL cell's findings, their reaches, its unexplained tests and its reach, in place."""
+    ids, unexplained = link_failures(impl, clause, cell.get("failing_tests", []), findings)
+    cell["findings"] = ids
+    cell["finding_reach"] = {i: findings[i].reach for i in ids}
+    cell["unexplained"] = unexplained
+    cell["reach"] = cell_reach(ids, unexplained, findings)
+
+
+def _cell(entry: Mapping[str, Any], impl: str, findings: Mapping[str, Finding]) -> dict[str, Any]:
     verdict = entry["verdict"]
     cell: dict[str, Any] = {"verdict": verdict}
     if verdict == "fail":
-        cell["findings"] = findings.get((impl, entry["id"]), [])
+        cell["failing_tests"] = list(entry.get("failing_tests", []))
+        _link(cell, impl, entry["id"], findings)
         cell["detail"] = entry.get("first_failure", "")
     elif verdict == "declared convention":
         cell["conventions"] = [d.split("=", 1)[0] for d in entry.get("declared_conventions", [])]
@@ -260,48 +419,84 @@ def _cell(
     return cell
 
 
+def reach_counts(matrix: Mapping[str, Any], impl: str) -> dict[str, int]:
+    """FAIL cells of ``impl`` by reach, in SEVERITY order (only the reaches that occur)."""
+    counts = {reach: 0 for reach in SEVERITY}
+    for row in matrix["clauses"]:
+        cell = row["verdicts"].get(impl)
+        if cell and cell["verdict"] == "fail":
+            reach = cell.get("reach", "unknown")
+            counts[reach if reach in counts else "unknown"] += 1
+    return {reach: n for reach, n in counts.items() if n}
+
+
 def build_matrix(
     reports: Mapping[str, Mapping[str, Any]],
-    findings: Mapping[tuple[str, str], list[str]],
+    findings: Mapping[str, Finding],
     previous: Mapping[str, Any] | None = None,
     command: str = "python tools/conformance_matrix.py",
     examples: int | None = None,
 ) -> dict[str, Any]:
-    """The matrix as a JSON-ready dict; columns not in ``reports`` are kept from ``previous``."""
+    """The matrix as a JSON-ready dict; columns not in ``reports`` are kept from ``previous`` and
+    re-linked to the current findings (by the failing tests they stored)."""
     columns: dict[str, Any] = dict((previous or {}).get("columns", {}))
-    rows: dict[str, dict[str, Any]] = {
-        row["id"]: {"id": row["id"], "title": row["title"], "verdicts": dict(row["verdicts"])}
-        for row in (previous or {}).get("clauses", [])
-    }
+    rows: dict[str, dict[str, Any]] = {}
+    for row in (previous or {}).get("clauses", []):
+        rows[row["id"]] = {k: v for k, v in row.items() if k != "verdicts"}
+        rows[row["id"]]["verdicts"] = {impl: dict(cell) for impl, cell in row["verdicts"].items()}
     for impl, report in reports.items():
         columns[impl] = _column(report)
+        for row in rows.values():  # a clause the new run no longer has leaves this column
+            row["verdicts"].pop(impl, None)
         for entry in report["clauses"]:
             row = rows.setdefault(entry["id"], {"id": entry["id"], "title": entry["title"], "verdicts": {}})
             row["title"] = entry["title"]
+            if entry.get("kind"):
+                row["kind"] = entry["kind"]
             row["verdicts"][impl] = _cell(entry, impl, findings)
     for row in rows.values():  # re-link kept columns to the current findings
         for impl, cell in row["verdicts"].items():
-            if cell["verdict"] == "fail":
-                cell["findings"] = findings.get((impl, row["id"]), [])
+            if cell["verdict"] == "fail" and impl not in reports:
+                _link(cell, impl, row["id"], findings)
+    rows = {k: v for k, v in rows.items() if v["verdicts"]}
     order = [n for n in ALL_NAMES if n in columns] + sorted(set(columns) - set(ALL_NAMES))
     first = next(iter(reports.values()), None)
     clause_order = [e["id"] for e in first["clauses"]] if first else list(rows)
     clause_order += [c for c in rows if c not in clause_order]
     unexplained = [
-        f"{impl} {row['id']}"
+        f"{impl} {row['id']}: {test}"
         for row in (rows[c] for c in clause_order)
         for impl, cell in row["verdicts"].items()
-        if cell["verdict"] == "fail" and not cell["findings"]
+        if cell["verdict"] == "fail"
+        for test in cell.get("unexplained", [])
     ]
-    return {
+    linked = {
+        i for row in rows.values() for cell in row["verdicts"].values() for i in cell.get("findings", [])
+    }
+    matrix = {
         "generated": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "command": command,
         "examples": examples,
         "implementations": order,
         "columns": {name: columns[name] for name in order},
         "clauses": [rows[c] for c in clause_order],
+        "reach_counts": {},
         "unexplained_failures": unexplained,
+        "findings": {
+            f.id: {
+                "implementations": list(f.implementations),
+                "reach": f.reach,
+                "source": f.source,
+                "version": f.version,
+                "reproduction": f.reproduction,
+                "explains": list(f.explains),
+                "linked": f.id in linked,
+            }
+            for f in findings.values()
+        },
     }
+    matrix["reach_counts"] = {name: reach_counts(matrix, name) for name in order}
+    return dict(scrub(matrix))
 
 
 def _md(text: str) -> str:
@@ -313,55 +508,96 @@ def _slug(text: str) -> str:
 
 
 def render_cell(
-    impl: str, clause: str, cell: Mapping[str, Any] | None, findings_link: str = "findings.md"
+    impl: str, clause: str, cell: Mapping[str, Any] | None, sources: Mapping[str, str] | None = None
 ) -> str:
+    """One cell of the Markdown table; ``sources`` maps a finding id to the file it is in."""
     if cell is None:
         return "—"
     verdict = cell["verdict"]
     if verdict == "fail":
         ids = cell.get("findings", [])
-        if not ids:
-            return "**FAIL** (no findings entry)"
-        return "**FAIL**: " + ", ".join(f"[{i}]({findings_link}#{i})" for i in ids)
+        reach = cell.get("reach", "unknown")
+        reaches = cell.get("finding_reach", {})
+        links = [
+            f"[{i}]({(sources or {}).get(i, 'findings.md')}#{i})"
+            + (f" ({reaches[i]})" if len(set(reaches.values())) > 1 and i in reaches else "")
+            for i in ids
+        ]
+        unexplained = len(cell.get("unexplained", []))
+        if unexplained:
+            links.append(f"{unexplained} failing test{'s' if unexplained > 1 else ''} no finding explains")
+        return f"**FAIL** ({reach}): " + ", ".join(links)
     if verdict == "declared convention":
         keys = cell.get("conventions", [])
-        links = ", ".join(f"[{k}](#{_slug(f'{impl}-convention-{k}')})" for k in keys)
-        return f"declared convention ({links})" if links else "declared convention"
+        links_text = ", ".join(f"[{k}](#{_slug(f'{impl}-convention-{k}')})" for k in keys)
+        return f"declared convention ({links_text})" if links_text else "declared convention"
     if verdict == "not provided":
         return f"[not provided](#{_slug(f'{impl}-not-provided-{clause}')})"
     return str(verdict)
 
 
+def _counts_text(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{reach} {n}" for reach, n in counts.items()) or "none"
+
+
 def render_markdown(matrix: Mapping[str, Any]) -> str:
     names: list[str] = matrix["implementations"]
     columns = matrix["columns"]
+    sources = {fid: f.get("source", "findings.md") for fid, f in matrix.get("findings", {}).items()}
     lines = [
         "# Conformance matrix",
         "",
         f"Generated {matrix['generated']} by `{matrix['command']}` (`tools/conformance_matrix.py`): "
         "`pytest conformance/ --impl=NAME` for each implementation, each library in its own environment "
-        "(`docs/thirdparty-envs.md`). Rows are the clauses of `spec/SPEC.md`. **FAIL** links to the "
-        "finding in `findings.md`; *declared convention* means the clause passed against the reference "
-        "variant for a convention the adapter declares (linked to its source below); *not provided*: the "
-        "adapter cannot reach that op or capability in the library (reasons below); *not applicable*: no "
-        "op of the adapter contract computes the clause.",
+        "(`docs/thirdparty-envs.md`). Rows are the clauses of `spec/SPEC.md`. **FAIL** (reach) links to "
+        "the findings whose `Explains:` ids failed in this run (`findings.md`, `findings-family.md`); the "
+        "reach in brackets is the most severe of theirs: *trainer-path* (the library's own training "
+        "path computes the wrong number with default settings), *non-default* (only under a named "
+        "non-default setting), *metrics-only* (logged statistics), *latent* (inputs the library's own "
+        "pipeline never produces), *robustness* (only NaN/inf/garbage in masked-out slots or extreme "
+        "magnitudes), *convention* / *adapter* (withdrawn: a legitimate design or an artefact of the "
+        "adapter, pending the contract key or adapter fix), *unexplained* (a failing test no finding "
+        "explains). *declared convention* means the clause passed against the reference variant for a "
+        "convention the adapter declares (linked to its source below); *not provided*: the adapter "
+        "cannot reach that op or capability in the library (reasons below); *not applicable*: no op of "
+        "the adapter contract computes the clause.",
         "",
-        "| Implementation | Versions | Report | Suite wall time | Result |",
-        "|---|---|---|---|---|",
+        "| Implementation | Versions | Test tools | Report | Suite wall time | Result "
+        "| FAIL cells by reach |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in names:
         col = columns[name]
         versions = ", ".join(f"{d} {v}" for d, v in col.get("versions", {}).items()) or col["version"]
+        tools = ", ".join(f"{d} {v}" for d, v in col.get("test_versions", {}).items()) or "?"
         summary = ", ".join(f"{n} {v}" for v, n in col["summary"].items() if n)
         wall = f"{col['wall_seconds']:.0f} s" if col.get("wall_seconds") is not None else "?"
-        lines.append(f"| `{name}` | {_md(versions)} | {col['report_date']} | {wall} | {_md(summary)} |")
+        counts = _counts_text(matrix.get("reach_counts", {}).get(name, {}))
+        lines.append(
+            f"| `{name}` | {_md(versions)} | {_md(tools)} | {col['report_date']} | {wall} | {_md(summary)} "
+            f"| {_md(counts)} |"
+        )
     lines += ["", "| Clause | Title | " + " | ".join(f"`{n}`" for n in names) + " |"]
     lines.append("|---|---|" + "---|" * len(names))
     for row in matrix["clauses"]:
-        cells = [render_cell(n, row["id"], row["verdicts"].get(n)) for n in names]
+        cells = [render_cell(n, row["id"], row["verdicts"].get(n), sources) for n in names]
         lines.append(f"| {row['id']} | {_md(row['title'])} | " + " | ".join(_md(c) for c in cells) + " |")
+    lines += ["", "## Failures by reach", ""]
+    for name in names:
+        lines.append(f"- `{name}`: {_counts_text(matrix.get('reach_counts', {}).get(name, {}))}")
     if matrix.get("unexplained_failures"):
-        lines += ["", "FAIL cells without a findings entry: " + ", ".join(matrix["unexplained_failures"])]
+        lines += ["", "Failing tests no finding explains:", ""]
+        lines += [f"- {_md(u)}" for u in matrix["unexplained_failures"]]
+    unlinked = [fid for fid, f in matrix.get("findings", {}).items() if not f.get("linked")]
+    if unlinked:
+        lines += [
+            "",
+            "Findings none of whose `Explains:` ids failed in this run: "
+            + ", ".join(
+                f"[{fid}]({sources.get(fid, 'findings.md')}#{fid}) ({matrix['findings'][fid]['reach']})"
+                for fid in unlinked
+            ),
+        ]
     lines += ["", "## Declared conventions and their sources", ""]
     for name in names:
         col = columns[name]
@@ -396,27 +632,49 @@ def render_markdown(matrix: Mapping[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def verdict_differences(matrix: Mapping[str, Any], reports: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Per-clause verdicts of ``reports`` that differ from the committed ``matrix`` (empty: none)."""
-    committed = {row["id"]: row["verdicts"] for row in matrix.get("clauses", [])}
+CHECKED = ("verdict", "reach", "findings", "unexplained")
+"""What --check compares in every cell of the implementations it runs."""
+
+
+def check_differences(
+    committed: Mapping[str, Any],
+    reports: Mapping[str, Mapping[str, Any]],
+    findings: Mapping[str, Finding] | None = None,
+) -> list[str]:
+    """Cells of ``reports`` whose verdict, reach, linked findings or unexplained tests differ from the
+    ``committed`` matrix (empty: none). Without ``findings`` only verdicts are compared."""
+    rows = {row["id"]: row["verdicts"] for row in committed.get("clauses", [])}
+    fresh = build_matrix(reports, findings or {}) if findings is not None else None
+    fresh_rows = {row["id"]: row["verdicts"] for row in (fresh or {}).get("clauses", [])}
+    keys = CHECKED if findings is not None else ("verdict",)
     differences = []
     for impl, report in reports.items():
-        if impl not in matrix.get("columns", {}):
+        if impl not in committed.get("columns", {}):
             differences.append(f"{impl}: not in the committed matrix")
             continue
         seen = set()
         for entry in report["clauses"]:
             seen.add(entry["id"])
-            before = committed.get(entry["id"], {}).get(impl, {}).get("verdict")
-            if before != entry["verdict"]:
-                detail = f" ({entry['first_failure'][:200]})" if entry["verdict"] == "fail" else ""
-                differences.append(
-                    f"{impl} {entry['id']}: committed {before!r}, now {entry['verdict']!r}{detail}"
-                )
-        for clause, verdicts in committed.items():
+            before = rows.get(entry["id"], {}).get(impl, {})
+            after = fresh_rows[entry["id"]][impl] if fresh is not None else {"verdict": entry["verdict"]}
+            for key in keys:
+                if key != "verdict" and (before.get("verdict") != "fail" or after.get("verdict") != "fail"):
+                    continue
+                if before.get(key) != after.get(key):
+                    detail = ""
+                    if key == "verdict" and entry["verdict"] == "fail":
+                        detail = f" ({entry.get('first_failure', '')[:200]})"
+                    was, now = before.get(key), after.get(key)
+                    differences.append(f"{impl} {entry['id']}: {key} committed {was!r}, now {now!r}{detail}")
+        for clause, verdicts in rows.items():
             if impl in verdicts and clause not in seen:
                 differences.append(f"{impl} {clause}: in the committed matrix, not in this run")
     return differences
+
+
+def verdict_differences(matrix: Mapping[str, Any], reports: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Per-clause verdicts of ``reports`` that differ from the committed ``matrix`` (empty: none)."""
+    return check_differences(matrix, reports)
 
 
 # --- command line -----------------------------------------------------------------------------------
@@ -446,7 +704,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=None, help="Hypothesis examples per property")
     parser.add_argument("--reports", type=Path, default=REPORTS, help=f"report directory (default {REPORTS})")
     parser.add_argument(
-        "--findings", type=Path, action="append", help=f"findings file(s) to link (default {FINDINGS})"
+        "--findings",
+        type=Path,
+        action="append",
+        help="findings file(s) to link (default docs/findings.md and docs/findings-family.md)",
     )
     parser.add_argument("--describe", metavar="NAME", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -471,22 +732,23 @@ def main(argv: list[str] | None = None) -> int:
             reports[name] = run_suite(
                 name, examples, args.reports, build_seconds, args.shrink, metadata=not args.check
             )
+    findings = load_findings(args.findings or list(FINDINGS_FILES))
     if args.check:
-        differences = verdict_differences(previous or {}, reports)
+        differences = check_differences(previous or {}, reports, findings)
         for line in differences:
             print(f"DIFFERS: {line}", file=sys.stderr)
         print(f"check: {len(differences)} difference(s) from {MATRIX_JSON.relative_to(REPO)}")
         return 1 if differences else 0
-    finding_files = args.findings or [FINDINGS]
-    texts = [f.read_text(encoding="utf-8") for f in finding_files if f.exists()]
     shown = " ".join(names) if args.names else ""
     command = f"python tools/conformance_matrix.py {shown}".strip()
-    matrix = build_matrix(reports, parse_findings(texts), previous, command, examples)
+    matrix = build_matrix(reports, findings, previous, command, examples)
     DOCS.mkdir(exist_ok=True)
     MATRIX_JSON.write_text(json.dumps(matrix, indent=2) + "\n", encoding="utf-8")
     MATRIX_MD.write_text(render_markdown(matrix), encoding="utf-8")
-    for cell in matrix["unexplained_failures"]:
-        print(f"warning: FAIL without a findings entry: {cell}", file=sys.stderr)
+    for line in matrix["unexplained_failures"]:
+        print(f"warning: failing test no finding explains: {line}", file=sys.stderr)
+    for name, counts in matrix["reach_counts"].items():
+        print(f"{name}: FAIL cells by reach: {_counts_text(counts)}")
     print(f"wrote {MATRIX_JSON.relative_to(REPO)} and {MATRIX_MD.relative_to(REPO)}")
     return 0
 

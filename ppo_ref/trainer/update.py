@@ -136,14 +136,20 @@ def minibatch_backward(
         try:
             with autocast():
                 outputs = actor_critic.response_outputs(
-                    part.sequences, config.temperature, need_values=True, need_entropy=config.entropy_coef > 0
+                    part.sequences,
+                    config.temperature,
+                    need_values=config.uses_critic,
+                    need_entropy=config.entropy_coef > 0,
                 )
-            assert outputs.values is not None
             token_weight = part.mask.sum() / total_tokens
             row_weight = part.mask.any(dim=1).sum() / total_rows
             policy = loss_function(outputs.logprobs, part.old_logprobs, part.advantages, part.mask, config)
-            values = value_loss(
-                outputs.values, part.old_values, part.returns, part.mask, config.value_clip_eps
+            values = (  # a critic-free run has no value loss
+                torch.zeros(())
+                if outputs.values is None
+                else value_loss(
+                    outputs.values, part.old_values, part.returns, part.mask, config.value_clip_eps
+                )
             )
             policy_weight = token_weight if config.loss_agg == "token-mean" else row_weight
             loss = policy_weight * policy.loss + config.vf_coef * token_weight * values
@@ -249,8 +255,9 @@ def ppo_update(
                             _mismatch_message(result.max_abs_log_ratio, logprob_tolerance)
                         )
                 policy_norm = float(clip_grad_norm(policy_params, max_norm))
-                critic_norm = float(clip_grad_norm(critic_params, max_norm))
-                if not (math.isfinite(policy_norm) and math.isfinite(critic_norm)):
+                # A critic-free run has no critic parameters: its critic norm is NaN (null in metrics).
+                critic_norm = float(clip_grad_norm(critic_params, max_norm)) if critic_params else math.nan
+                if not (math.isfinite(policy_norm) and (math.isfinite(critic_norm) or not critic_params)):
                     raise NonFiniteError("non-finite gradient norm")
             except NonFiniteError as error:
                 optimizer.zero_grad(set_to_none=True)

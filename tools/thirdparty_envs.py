@@ -113,6 +113,23 @@ RECIPES: dict[str, Recipe] = {
             report=("trl", *HF_STACK_REPORT, "pandas", "pyarrow"),
         ),
         Recipe(
+            name="trl116",
+            summary="TRL 1.16.0, for the GRPOTrainer benchmark (bench/trl_grpo_iteration.py)",
+            steps=(
+                # A normal install with dependencies, the same HF stack as the trl env (and ppo-ref's
+                # transformers>=5.17,<6), so the two benchmark sides differ only in the trainers.
+                (
+                    "trl==1.16.0",
+                    "transformers==5.24.0",
+                    "accelerate==1.15.0",
+                    "datasets==5.2.0",
+                ),
+            ),
+            imports=("trl", "trl.trainer.grpo_trainer", "trl.trainer.grpo_config"),
+            env=(("TRL_EXPERIMENTAL_SILENCE", "1"),),
+            report=("trl", *HF_STACK_REPORT, "pandas", "pyarrow"),
+        ),
+        Recipe(
             name="verl",
             summary="verl 0.9.1 without its declared dependencies (they would pull vllm/CUDA)",
             steps=(

@@ -128,11 +128,12 @@ class PPOTrainer(TrainerState):
         self, rollout: Rollout, stats: UpdateStats, timings: dict[str, float]
     ) -> dict[str, Any]:
         """Stage 8: the metrics.jsonl record (:func:`ppo_ref.trainer.metrics.iteration_metrics`)."""
-        return iteration_metrics(rollout, stats, timings, self.nonfinite_steps, self.setup.well_formed)
+        critic, well_formed = self.config.uses_critic, self.setup.well_formed
+        return iteration_metrics(rollout, stats, timings, self.nonfinite_steps, well_formed, critic=critic)
 
     def audit_records(self, rollout: Rollout, count: int) -> list[dict[str, Any]]:
         """The first ``count`` samples in full (:func:`ppo_ref.trainer.metrics.audit_records`)."""
-        return audit_records(rollout, count)
+        return audit_records(rollout, count, critic=self.config.uses_critic)
 
     # -- the run -----------------------------------------------------------------------------------
 
@@ -233,6 +234,8 @@ class PPOTrainer(TrainerState):
             "task": self.setup.name,
             "reward": reward_provenance(self.setup),
             "seed": config.seed,
+            "advantage_estimator": config.advantage_estimator,
+            "critic": config.critic if config.uses_critic else "none",
             "iterations": config.iterations,
             "iterations_done": len(records),
             "interrupted": interrupted,

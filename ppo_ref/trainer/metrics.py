@@ -249,7 +249,8 @@ def plot_metrics(
 
     Each plot is titled with its metric and ``run`` (e.g. the task and seed). ``evaluations`` maps an
     iteration to a held-out evaluation score (0: before training; the number of iterations: after
-    the last one), drawn on the score plot as separate points.
+    the last one), drawn on the score plot as separate points. A metric with no finite value in any
+    record (the explained variance of a run without a critic) gets no plot.
     """
     if not isinstance(run, str):
         raise ValueError(f"run: expected a string, got {type(run).__name__}")
@@ -262,6 +263,8 @@ def plot_metrics(
     paths = []
     for file_name, (metric, label) in PLOTS.items():
         values = [float("nan") if r.get(metric) is None else float(r[metric]) for r in records]
+        if not any(math.isfinite(v) for v in values):
+            continue
         figure, axes = plt.subplots(figsize=(5.5, 3.6), dpi=100)
         axes.plot(iterations, values, marker="o", markersize=3, label="training rollouts")
         if metric == "score_mean" and evaluations:
@@ -297,12 +300,16 @@ def iteration_metrics(
     timings: dict[str, float],
     nonfinite_steps: int,
     well_formed: Callable[[str, str], bool] | None,
+    *,
+    critic: bool = True,
 ) -> dict[str, Any]:
     """Stage 8: the metrics.jsonl record of an iteration (``nonfinite_steps``: the run's count so
     far; ``well_formed``: the task's format check, or None).
 
     Score statistics cover the valid samples (a skipped sample has no usable score);
-    generation statistics (length, EOS rate, KL to the reference) cover every sample.
+    generation statistics (length, EOS rate, KL to the reference) cover every sample. A run
+    without a critic (``critic=False``: a critic-free advantage estimator) has no value loss,
+    explained variance, value mean or critic gradient norm: they are NaN (null in metrics.jsonl).
     """
     mask, valid = rollout.mask, rollout.valid.cpu()
     scores = rollout.scored.scores[valid]
@@ -324,16 +331,18 @@ def iteration_metrics(
         "ratio_mean": stats.ratio_mean,
         "ratio_max": stats.ratio_max,
         "policy_loss": stats.policy_loss,
-        "value_loss": stats.value_loss,
-        "explained_variance": float(explained_variance(rollout.values, rollout.returns, mask)),
+        "value_loss": stats.value_loss if critic else math.nan,
+        "explained_variance": (
+            float(explained_variance(rollout.values, rollout.returns, mask)) if critic else math.nan
+        ),
         "advantage_mean": float(masked_mean(rollout.raw_advantages, mask)),
         "advantage_std": math.sqrt(float(masked_var(rollout.raw_advantages, mask))),
-        "value_mean": float(masked_mean(rollout.values, mask)),
+        "value_mean": float(masked_mean(rollout.values, mask)) if critic else math.nan,
         "logprob_check_max_abs_diff": stats.logprob_check_max_abs_diff,
         "nonfinite_steps": nonfinite_steps,
         "optimizer_steps": stats.optimizer_steps,
         "grad_norm_policy": stats.grad_norm_policy,
-        "grad_norm_critic": stats.grad_norm_critic,
+        "grad_norm_critic": stats.grad_norm_critic if critic else math.nan,
         "well_formed_rate": well_formed_rate(well_formed, rollout.prompts, rollout.responses, rollout.ended),
         "skipped_samples": skipped,
     }
@@ -341,8 +350,9 @@ def iteration_metrics(
     return record
 
 
-def audit_records(rollout: Rollout, count: int) -> list[dict[str, Any]]:
-    """The first ``count`` samples of a rollout in full (rollouts.jsonl); off-mask entries are null."""
+def audit_records(rollout: Rollout, count: int, *, critic: bool = True) -> list[dict[str, Any]]:
+    """The first ``count`` samples of a rollout in full (rollouts.jsonl); off-mask entries are null,
+    and so are the values and bootstrap value of a run without a critic (``critic=False``)."""
     records = []
     mask = rollout.sequences.response_mask.cpu()
     columns = {
@@ -371,8 +381,10 @@ def audit_records(rollout: Rollout, count: int) -> list[dict[str, Any]]:
         }
         for name, tensor in columns.items():
             values = tensor[row].tolist()
-            record[name] = [v if k else None for v, k in zip(values, keep, strict=True)]
-        record["bootstrap_value"] = float(rollout.bootstrap_values[row])
+            record[name] = [
+                v if k and (critic or name != "values") else None for v, k in zip(values, keep, strict=True)
+            ]
+        record["bootstrap_value"] = float(rollout.bootstrap_values[row]) if critic else None
         records.append(record)
     return records
 

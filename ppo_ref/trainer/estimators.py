@@ -9,19 +9,23 @@ ppo_ref's reference functions.
   reasons and prompts (its advantage fields are not filled yet). ``gae`` (with the critic), and
   the critic-free ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce++`` and ``reinforce++-baseline``.
   Each entry says whether stage 6 then whitens the advantages over the batch's action tokens.
-- :data:`POLICY_LOSSES`: ``name -> loss(logprobs, old_logprobs, advantages, mask, config)``, a
-  :class:`~ppo_ref.PolicyLossResult`. Today: ``ppo`` (PPO-Clip).
+- :data:`POLICY_LOSSES`: ``name -> loss(logprobs, old_logprobs, advantages, mask, config, whole)``,
+  a :class:`~ppo_ref.PolicyLossResult`: ``ppo`` (PPO-Clip with ``clip_eps_high`` and
+  ``dual_clip``), ``gspo`` and ``cispo``. ``whole`` (:class:`WholeMinibatch`) holds the counts of
+  the whole minibatch, so a call on one micro-batch or one process's rows is its share of the
+  minibatch's loss (the reference's ``token_count`` / ``row_count``, spec AGG-2).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ppo_ref import gae, group_advantages, policy_loss
+from ppo_ref import cispo_loss, gae, group_advantages, gspo_loss, policy_loss
 from ppo_ref.losses import PolicyLossResult
 from ppo_ref.trainer.config import TrainerConfig
 from ppo_ref.trainer.data import Rollout
@@ -32,10 +36,13 @@ __all__ = [
     "AdvantageEstimator",
     "AdvantageFunction",
     "PolicyLoss",
+    "WholeMinibatch",
     "advantage_estimator",
+    "cispo_trainer_loss",
     "gae_advantages",
     "group_ids",
     "group_relative_advantages",
+    "gspo_trainer_loss",
     "ppo_clip_loss",
     "reinforce_pp_advantages",
     "reinforce_pp_baseline_advantages",
@@ -59,7 +66,45 @@ class AdvantageEstimator:
         return self.compute(rollout, config)
 
 
-PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, TrainerConfig], PolicyLossResult]
+@dataclass(frozen=True)
+class WholeMinibatch:
+    """The counts of a whole minibatch that each part of it (a micro-batch, a process's rows)
+    normalises its loss by, so that the parts' losses sum to the whole minibatch's (spec AGG-2).
+
+    Attributes:
+        tokens: action tokens of the minibatch (0-dim int64 tensor): ``token_count``.
+        rows: rows with at least one action token (0-dim int64 tensor): ``row_count`` of the
+            ``seq-mean-*`` modes.
+        all_rows: every row, empty ones included: ``row_count`` of ``seq-mean-token-sum-norm``.
+    """
+
+    tokens: Tensor
+    rows: Tensor
+    all_rows: int
+
+    @staticmethod
+    def of(mask: Tensor) -> WholeMinibatch:
+        """The counts of the (B, N) bool action mask of the whole minibatch.
+
+        Example: ``WholeMinibatch.of(torch.tensor([[True, True], [False, False]]))`` has 2 tokens,
+        1 row with a token and 2 rows in all.
+        """
+        if mask.dim() != 2 or mask.dtype != torch.bool:
+            raise ValueError(f"mask: expected a (B, N) bool tensor, got {tuple(mask.shape)} {mask.dtype}")
+        return WholeMinibatch(tokens=mask.sum(), rows=mask.any(dim=1).sum(), all_rows=mask.shape[0])
+
+    def keywords(self, loss_agg: str, norm_constant: float | None) -> dict[str, Any]:
+        """The aggregation keywords of ppo_ref's losses for ``loss_agg``: ``token_count`` for
+        ``token-mean``, else ``row_count`` (every row for ``seq-mean-token-sum-norm``, with
+        ``norm_constant``; the rows with an action token otherwise)."""
+        if loss_agg == "token-mean":
+            return {"token_count": self.tokens}
+        if loss_agg == "seq-mean-token-sum-norm":
+            return {"norm_constant": norm_constant, "row_count": self.all_rows}
+        return {"row_count": self.rows}
+
+
+PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, TrainerConfig, WholeMinibatch], PolicyLossResult]
 
 
 def gae_advantages(rollout: Rollout, config: TrainerConfig) -> tuple[Tensor, Tensor]:
@@ -136,10 +181,101 @@ def _group_method(method: str) -> AdvantageFunction:
 
 
 def ppo_clip_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, config: TrainerConfig
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    config: TrainerConfig,
+    whole: WholeMinibatch,
 ) -> PolicyLossResult:
-    """PPO-Clip with ``clip_eps``, aggregated by ``loss_agg``."""
-    return policy_loss(logprobs, old_logprobs, advantages, mask, config.clip_eps, config.loss_agg)
+    """``policy_loss``: PPO-Clip with ``clip_eps`` (and ``clip_eps_high``, ``dual_clip``), aggregated
+    by ``loss_agg`` over the whole minibatch."""
+    return policy_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        config.clip_eps,
+        config.loss_agg,
+        clip_eps_high=config.clip_eps_high,
+        dual_clip=config.dual_clip,
+        **whole.keywords(config.loss_agg, config.loss_norm_constant),
+    )
+
+
+def _row_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
+    """(B,) each row's advantage, read at its first action token (a sequence-level estimator puts
+    the same value on every action token of the row); 0 for a row without one."""
+    first = mask.long().argmax(dim=1, keepdim=True)
+    return torch.where(mask.any(dim=1), advantages.gather(1, first).squeeze(1), 0.0)
+
+
+def gspo_trainer_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    config: TrainerConfig,
+    whole: WholeMinibatch,
+) -> PolicyLossResult:
+    """``gspo_loss`` on each row's advantage, the mean over the minibatch's sequences.
+
+    ``ratio_outside_frac`` is the share of sequences on the flat branch (the clipfrac: GSPO clips
+    sequence ratios, never token ones) and ``dual_clip_frac`` is 0.
+    """
+    result = gspo_loss(
+        logprobs,
+        old_logprobs,
+        _row_advantages(advantages, mask),
+        mask,
+        config.clip_eps,
+        clip_eps_high=config.clip_eps_high,
+        row_count=whole.rows,
+    )
+    return PolicyLossResult(
+        loss=result.loss,
+        clipfrac=result.clipfrac,
+        ratio_outside_frac=result.clipfrac,
+        approx_kl=result.approx_kl,
+        ratio_mean=result.ratio_mean,
+        ratio_max=result.ratio_max,
+        dual_clip_frac=torch.zeros_like(result.clipfrac),
+    )
+
+
+def cispo_trainer_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    config: TrainerConfig,
+    whole: WholeMinibatch,
+) -> PolicyLossResult:
+    """``cispo_loss`` with the weight clipped to ``[1 - clip_eps, 1 + clip_eps_high]``
+    (``clip_eps_high`` None: ``clip_eps``), aggregated by ``loss_agg`` over the whole minibatch.
+
+    Its clipfrac (share of tokens whose weight the clip changed) is also the ``ratio_outside_frac``;
+    ``dual_clip_frac`` is 0.
+    """
+    result = cispo_loss(
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        config.clip_eps,
+        config.clip_eps if config.clip_eps_high is None else config.clip_eps_high,
+        config.loss_agg,
+        **whole.keywords(config.loss_agg, config.loss_norm_constant),
+    )
+    return PolicyLossResult(
+        loss=result.loss,
+        clipfrac=result.clipfrac,
+        ratio_outside_frac=result.clipfrac,
+        approx_kl=result.approx_kl,
+        ratio_mean=result.ratio_mean,
+        ratio_max=result.ratio_max,
+        dual_clip_frac=torch.zeros_like(result.clipfrac),
+    )
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
@@ -154,8 +290,14 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
 a critic, and which group by prompt, is declared in :mod:`ppo_ref.trainer.config`
 (``CRITIC_FREE_ESTIMATORS``, ``GROUP_ESTIMATORS``), so a config is checked before anything is built."""
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {"ppo": ppo_clip_loss}
-"""Stage 7: policy loss name -> function of the new and old log-probs, advantages and mask."""
+POLICY_LOSSES: dict[str, PolicyLoss] = {
+    "ppo": ppo_clip_loss,
+    "gspo": gspo_trainer_loss,
+    "cispo": cispo_trainer_loss,
+}
+"""Stage 7: policy loss name (``config.policy_loss``) -> function of the new and old log-probs,
+advantages, mask, config and the whole minibatch's counts. Which estimators each accepts is
+checked in :mod:`ppo_ref.trainer.config` (gspo: ``SEQUENCE_LEVEL_ESTIMATORS``)."""
 
 
 def advantage_estimator(config: TrainerConfig) -> AdvantageEstimator:
@@ -164,5 +306,5 @@ def advantage_estimator(config: TrainerConfig) -> AdvantageEstimator:
 
 
 def trainer_policy_loss(config: TrainerConfig) -> PolicyLoss:
-    """The run's policy loss (``ppo``: the config has no other yet)."""
-    return POLICY_LOSSES["ppo"]
+    """The run's policy loss: ``POLICY_LOSSES[config.policy_loss]``."""
+    return POLICY_LOSSES[config.policy_loss]

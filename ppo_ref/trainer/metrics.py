@@ -43,6 +43,7 @@ __all__ = [
     "audit_records",
     "iteration_metrics",
     "json_safe",
+    "loss_family_metrics",
     "plot_metrics",
     "well_formed_rate",
     "write_summary",
@@ -346,7 +347,30 @@ def iteration_metrics(
         "well_formed_rate": well_formed_rate(well_formed, rollout.prompts, rollout.responses, rollout.ended),
         "skipped_samples": skipped,
     }
+    record.update(loss_family_metrics(rollout, stats))
     record.update(timings)
+    return record
+
+
+def loss_family_metrics(rollout: Rollout, stats: UpdateStats) -> dict[str, float]:
+    """The statistics of the optional loss terms, present only in runs that use them (a default
+    run's record is unchanged): ``dual_clip_frac`` (share of action tokens where the dual clip
+    binds), ``kl_loss`` (the KL loss of ``kl_in = "loss"``, before kl_coef), and with a rollout
+    correction the mean, min and max of its weights over the action tokens and
+    ``rollout_weight_zero_frac`` (the share a mask mode rejected)."""
+    record: dict[str, float] = {}
+    if stats.dual_clip_frac is not None:
+        record["dual_clip_frac"] = stats.dual_clip_frac
+    if stats.kl_loss is not None:
+        record["kl_loss"] = stats.kl_loss
+    weights = rollout.correction_weights
+    if weights is not None:
+        kept = weights[rollout.mask]
+        if kept.numel():
+            record["rollout_weight_mean"] = float(kept.mean())
+            record["rollout_weight_min"] = float(kept.min())
+            record["rollout_weight_max"] = float(kept.max())
+            record["rollout_weight_zero_frac"] = float((kept == 0).float().mean())
     return record
 
 

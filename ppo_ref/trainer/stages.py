@@ -38,7 +38,7 @@ from ppo_ref.trainer.models import ResponseOutputs, parameter_fingerprint, respo
 from ppo_ref.trainer.rollout import gather_rollout
 from ppo_ref.trainer.scoring import Scorer, apply_missing_eos_rule, check_scores
 from ppo_ref.trainer.seeding import Stream, sampling_uniforms, stream_rng
-from ppo_ref.trainer.update import UpdateStats, ppo_update
+from ppo_ref.trainer.update import UpdateStats, correction_weights, ppo_update
 
 __all__ = [
     "Clock",
@@ -77,7 +77,16 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
 
     # 2. Generate responses (per-sample noise; stop at the first EOS; mask from the first EOS).
     uniforms = sampling_uniforms(config.seed, Stream.SAMPLING, iteration, sample_index, config.max_new_tokens)
-    sequences, ended, responses = _generate(state, prompt_ids, prompt_mask, uniforms, config.temperature)
+    #    At sampling_temperature (rollout_temperature, else temperature); a rollout correction
+    #    also records each sampled token's log-prob under the sampler's distribution.
+    sequences, ended, responses, rollout_logprobs = _generate(
+        state,
+        prompt_ids,
+        prompt_mask,
+        uniforms,
+        config.sampling_temperature,
+        with_logprobs=config.rollout_correction != "none",
+    )
     clock.lap("seconds_generate")
 
     # 3. Score (reward model at the last real token, or a rule), check every score, then the
@@ -97,12 +106,17 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
         values, bootstrap_values = torch.zeros_like(outputs.logprobs), outputs.logprobs.new_zeros(len(ended))
     clock.lap("seconds_forward")
 
-    # 5. Token rewards: -kl_coef * KL on every action token, the score on the last one.
+    # 5. Token rewards: -kl_coef * KL on every action token, the score on the last one (with
+    #    kl_in = "loss" the score alone: the KL is in stage 7's loss instead).
     mask = sequences.response_mask & valid.to(state.device).unsqueeze(1)
     scores = scored.scores.to(state.device)
     kl_coef = state.kl_controller.value
     kl = kl_penalty(outputs.logprobs, ref_logprobs, config.kl_estimator, mask=sequences.response_mask)
-    rewards = token_rewards(scores, outputs.logprobs, ref_logprobs, mask, kl_coef, config.kl_estimator)
+    reward_kl_coef = kl_coef if config.kl_in == "reward" else 0.0
+    rewards = token_rewards(scores, outputs.logprobs, ref_logprobs, mask, reward_kl_coef, config.kl_estimator)
+    weights = None  # 5c. rollout correction: the old log-probs against the sampler's
+    if rollout_logprobs is not None:
+        weights = correction_weights(config, outputs.logprobs, rollout_logprobs, mask)
 
     local = Rollout(
         iteration=iteration,
@@ -124,6 +138,8 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
         raw_advantages=torch.zeros_like(rewards),  # filled by stage 6 below
         returns=torch.zeros_like(rewards),
         advantages=torch.zeros_like(rewards),
+        rollout_logprobs=rollout_logprobs,
+        correction_weights=weights,
     )
     # From here on every process holds the whole batch.
     rollout = gather_rollout(state.parallel, local, state.pad_id)
@@ -188,8 +204,10 @@ def _generate(
     uniforms: Tensor,
     temperature: float,
     top: bool = True,
-) -> tuple[SequenceBatch, Tensor, list[str]]:
-    """Stage 2 for a batch: ``(sequences, ended, response texts without EOS)``."""
+    with_logprobs: bool = False,
+) -> tuple[SequenceBatch, Tensor, list[str], Tensor | None]:
+    """Stage 2 for a batch: ``(sequences, ended, response texts without EOS, sampler log-probs)``;
+    the log-probs (B, N) only ``with_logprobs`` (else None)."""
     config = state.config
     uniforms = uniforms.to(state.device)
     # With several processes, each keeps sampling until every process's rows have ended.
@@ -207,6 +225,7 @@ def _generate(
             top_k=config.top_k if top else 0,
             top_p=config.top_p if top else 1.0,
             all_ended=all_ended,
+            return_logprobs=with_logprobs,
         ),
     )
     width = max(p.response_ids.shape[1] for p in pieces)
@@ -216,7 +235,10 @@ def _generate(
     sequences = SequenceBatch.build(prompt_ids, prompt_mask, response_ids, response_mask)
     lengths = response_mask.sum(dim=1) - ended.long()  # tokens before the EOS
     rows_without_eos = [row[:n] for row, n in zip(response_ids.tolist(), lengths.tolist(), strict=True)]
-    return sequences, ended, state.tokenizer.batch_decode(rows_without_eos)
+    sampled = None
+    if with_logprobs:
+        sampled = torch.cat([_pad_right(p.logprobs, width, 0) for p in pieces if p.logprobs is not None])
+    return sequences, ended, state.tokenizer.batch_decode(rows_without_eos), sampled
 
 
 @torch.no_grad()
@@ -285,6 +307,7 @@ def update(state: TrainerState, rollout: Rollout, nonfinite_steps_so_far: int) -
         logprob_tolerance=state.logprob_tolerance,
         nonfinite_steps_so_far=nonfinite_steps_so_far,
         collectives=state.parallel,
+        kl_coef=rollout.kl_coef,
     )
     return stats
 
@@ -312,7 +335,7 @@ def evaluate(state: TrainerState) -> EvalResult:
         state, chosen, state.setup.eval_prompts, state.eval_prompt_ids, "eval_samples"
     )
     uniforms = sampling_uniforms(config.seed, Stream.EVAL_SAMPLING, 0, sample_index, config.max_new_tokens)
-    sequences, ended, responses = _generate(state, prompt_ids, prompt_mask, uniforms, 1.0, top=False)
+    sequences, ended, responses, _ = _generate(state, prompt_ids, prompt_mask, uniforms, 1.0, top=False)
     scored, valid = _score(state, state.eval_scorer, prompts, responses, sequences, ended, sample_index)
     logprobs = _forward_no_grad(state, sequences, 1.0, need_values=False, need_entropy=False).logprobs
     ref_logprobs = _reference_logprobs(state, sequences, 1.0)

@@ -1,10 +1,11 @@
 """Stage 7: PPO epochs over reshuffled minibatches, with token-count-normalised gradient accumulation.
 
-A minibatch's loss is one token-mean over all its action tokens, however it is split into
-micro-batches: each micro-batch's token-mean loss is weighted by its share of the minibatch's
-tokens (its share of rows for the ``seq-mean-*`` policy-loss aggregations), so the accumulated
-gradient equals the gradient of the whole minibatch's loss (bug E4 of docs/bug-catalogue.md: a plain mean of
-micro-batch means weights a 1-token micro-batch like a 9-token one).
+A minibatch's loss is one loss over all its rows, however it is split into micro-batches: each
+micro-batch calls the reference losses with the whole minibatch's counts (their ``token_count`` /
+``row_count`` keywords, spec AGG-2), so its loss is its share of the minibatch's and the
+accumulated gradient equals the gradient of the whole minibatch's loss, for every ``loss_agg``
+and policy loss (bug E4 of docs/bug-catalogue.md: a plain mean of micro-batch means weights a
+1-token micro-batch like a 9-token one).
 
 With W processes (:mod:`ppo_ref.trainer.distributed`) every process holds the whole rollout and
 draws the same minibatches; process r runs forward and backward on its W-th of each minibatch's
@@ -24,11 +25,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ppo_ref import masked_mean, value_loss
+from ppo_ref import aggregate_loss, kl_loss, rollout_correction, value_loss
 from ppo_ref.trainer.config import TrainerConfig
 from ppo_ref.trainer.data import TrainingBatch
 from ppo_ref.trainer.distributed import Collectives, LocalCollectives
-from ppo_ref.trainer.estimators import trainer_policy_loss
+from ppo_ref.trainer.estimators import WholeMinibatch, trainer_policy_loss
 from ppo_ref.trainer.models import ActorCritic, NonFiniteError
 from ppo_ref.trainer.seeding import Stream, stream_rng
 
@@ -38,6 +39,8 @@ __all__ = [
     "TooManyNonFiniteStepsError",
     "TrainingBatch",
     "UpdateStats",
+    "corrected_advantages",
+    "correction_weights",
     "minibatch_backward",
     "ppo_update",
 ]
@@ -63,9 +66,20 @@ class MinibatchResult:
     ratio_mean: float = 0.0
     ratio_max: float = 0.0
     max_abs_log_ratio: float = 0.0
+    dual_clip_frac: float = 0.0
+    kl_loss: float = 0.0
     tokens: int = 0
 
-    _SUMS = ("policy_loss", "value_loss", "clipfrac", "ratio_outside_frac", "approx_kl", "ratio_mean")
+    _SUMS = (
+        "policy_loss",
+        "value_loss",
+        "clipfrac",
+        "ratio_outside_frac",
+        "approx_kl",
+        "ratio_mean",
+        "dual_clip_frac",
+        "kl_loss",
+    )
     _MAXIMA = ("ratio_max", "max_abs_log_ratio")
 
     def combined(self, collectives: Collectives) -> MinibatchResult:
@@ -81,7 +95,8 @@ class MinibatchResult:
 
 @dataclass
 class UpdateStats:
-    """Stage 7's statistics for one iteration, averaged over the optimizer steps taken."""
+    """Stage 7's statistics for one iteration, averaged over the optimizer steps taken
+    (``dual_clip_frac`` only with a ``dual_clip``, ``kl_loss`` only with ``kl_in = "loss"``)."""
 
     policy_loss: float = math.nan
     value_loss: float = math.nan
@@ -90,6 +105,8 @@ class UpdateStats:
     approx_kl: float = math.nan
     ratio_mean: float = math.nan
     ratio_max: float = math.nan
+    dual_clip_frac: float | None = None
+    kl_loss: float | None = None
     logprob_check_max_abs_diff: float = math.nan
     grad_norm_policy: float = math.nan
     grad_norm_critic: float = math.nan
@@ -109,30 +126,44 @@ def minibatch_backward(
     *,
     rows: slice | None = None,
     collectives: Collectives | None = None,
+    kl_coef: float = 0.0,
 ) -> MinibatchResult:
     """Forward and backward one minibatch in micro-batches; gradients accumulate in ``.grad``.
 
     ``batch`` is the whole minibatch; this process trains on ``batch.rows(rows)`` (all rows by
-    default), weighting each micro-batch by its share of the whole minibatch's tokens (rows for
-    ``seq-mean-*``), times ``collectives.gradient_scale``. A minibatch without any action token
-    returns ``tokens=0`` and does nothing. Raises :class:`NonFiniteError` if a forward pass or the
-    loss is not finite on any process (every process then raises, before its backward, so the
-    caller skips the step). No optimizer step is taken here. The statistics returned are this
-    process's shares; :meth:`MinibatchResult.combined` sums them over processes.
+    default). Each micro-batch's loss is its share of the whole minibatch's loss: every reference
+    loss gets the whole minibatch's counts (``token_count`` / ``row_count``, :class:`WholeMinibatch`),
+    so the shares sum to the loss of one call on the whole minibatch, whatever the split (spec
+    AGG-2). The loss of a micro-batch is
+
+        policy (``config.policy_loss``, ``loss_agg``; advantages times the rollout-correction weights)
+        + vf_coef * value_loss (token-mean; only with a critic)
+        + kl_coef * kl_loss(``kl_loss_estimator``, ``loss_agg``) (only with ``kl_in = "loss"``)
+        - entropy_coef * token-mean entropy,
+
+    times ``collectives.gradient_scale``. A minibatch without any action token returns
+    ``tokens=0`` and does nothing. Raises :class:`NonFiniteError` if a forward pass or the loss is
+    not finite on any process (every process then raises, before its backward, so the caller
+    skips the step). No optimizer step is taken here. The statistics returned are this process's
+    shares; :meth:`MinibatchResult.combined` sums them over processes.
     """
     collectives = collectives or LocalCollectives()
     # The normalisers of the whole minibatch (every process holds all of its rows).
-    total_tokens = batch.mask.sum()
-    total_rows = batch.mask.any(dim=1).sum()
-    result = MinibatchResult(tokens=int(total_tokens))
+    whole = WholeMinibatch.of(batch.mask)
+    result = MinibatchResult(tokens=int(whole.tokens))
     if result.tokens == 0:
         return result
+    kl_in_loss = config.kl_in == "loss"
+    if kl_in_loss and batch.ref_logprobs is None:
+        raise ValueError("batch: kl_in = 'loss' needs the reference log-probs (batch.ref_logprobs)")
+    aggregation = whole.keywords(config.loss_agg, config.loss_norm_constant)
     mine = batch if rows is None else batch.rows(rows)
     micro = config.micro_batch_size or max(mine.size, 1)
     loss_function = trainer_policy_loss(config)
     for start in range(0, mine.size, micro):
         part = mine.rows(slice(start, start + micro))
         problem: NonFiniteError | None = None
+        kl_term: Tensor | None = None
         try:
             with autocast():
                 outputs = actor_critic.response_outputs(
@@ -141,20 +172,34 @@ def minibatch_backward(
                     need_values=config.uses_critic,
                     need_entropy=config.entropy_coef > 0,
                 )
-            token_weight = part.mask.sum() / total_tokens
-            row_weight = part.mask.any(dim=1).sum() / total_rows
-            policy = loss_function(outputs.logprobs, part.old_logprobs, part.advantages, part.mask, config)
-            values = (  # a critic-free run has no value loss
-                torch.zeros(())
-                if outputs.values is None
-                else value_loss(
-                    outputs.values, part.old_values, part.returns, part.mask, config.value_clip_eps
+            advantages = corrected_advantages(part)
+            policy = loss_function(outputs.logprobs, part.old_logprobs, advantages, part.mask, config, whole)
+            loss = policy.loss
+            values = None
+            if outputs.values is not None:  # a critic-free run has no value loss
+                values = value_loss(
+                    outputs.values,
+                    part.old_values,
+                    part.returns,
+                    part.mask,
+                    config.value_clip_eps,
+                    token_count=whole.tokens,
                 )
-            )
-            policy_weight = token_weight if config.loss_agg == "token-mean" else row_weight
-            loss = policy_weight * policy.loss + config.vf_coef * token_weight * values
+                loss = loss + config.vf_coef * values
+            if kl_in_loss:
+                assert part.ref_logprobs is not None
+                kl_term = kl_loss(
+                    outputs.logprobs,
+                    part.ref_logprobs,
+                    part.mask,
+                    config.kl_loss_estimator or "k3",
+                    config.loss_agg,
+                    **aggregation,
+                )
+                loss = loss + kl_coef * kl_term
             if outputs.entropy is not None:
-                loss = loss - config.entropy_coef * token_weight * masked_mean(outputs.entropy, part.mask)
+                bonus = aggregate_loss(outputs.entropy, part.mask, token_count=whole.tokens)
+                loss = loss - config.entropy_coef * bonus
             if not bool(torch.isfinite(loss)):
                 problem = NonFiniteError(f"non-finite loss {float(loss)} in a micro-batch")
         except NonFiniteError as error:
@@ -164,16 +209,59 @@ def minibatch_backward(
         backward(loss * collectives.gradient_scale if collectives.gradient_scale != 1.0 else loss)
         with torch.no_grad():
             log_ratio = torch.where(part.mask, outputs.logprobs - part.old_logprobs, 0.0).abs().amax()
-            weight = float(token_weight)
-            result.policy_loss += float(policy_weight * policy.loss)
-            result.value_loss += weight * float(values)
+            weight = float(part.mask.sum() / whole.tokens)  # this micro-batch's share of the tokens
+            result.policy_loss += float(policy.loss)
+            result.value_loss += math.nan if values is None else float(values)
+            result.kl_loss += math.nan if kl_term is None else float(kl_term)
             result.clipfrac += weight * float(policy.clipfrac)
             result.ratio_outside_frac += weight * float(policy.ratio_outside_frac)
+            result.dual_clip_frac += weight * float(policy.dual_clip_frac)
             result.approx_kl += weight * float(policy.approx_kl)
             result.ratio_mean += weight * float(policy.ratio_mean)
             result.ratio_max = max(result.ratio_max, float(policy.ratio_max))
             result.max_abs_log_ratio = max(result.max_abs_log_ratio, float(log_ratio))
     return result
+
+
+def corrected_advantages(batch: TrainingBatch) -> Tensor:
+    """The advantages the policy loss sees: ``advantages * correction_weights`` with a rollout
+    correction, else the advantages themselves.
+
+    The rollout correction multiplies each token's policy objective by its weight ``w >= 0``
+    (ppo_ref.rollout_correction). Every policy loss of the table is positively homogeneous in the
+    advantage for a fixed ratio: ``min(r (wA), clip(r) (wA)) = w min(rA, clip(r)A)``, the dual
+    clip's ``max(., c wA) = w max(., cA)``, CISPO's ``-sg[clip r] (wA) log p`` and GSPO's per-row
+    ``min(s wA, clip(s) wA)`` (one weight per row at a sequence level); so weighting the
+    advantages is weighting the per-token losses, and the reference functions stay as they are.
+    Example: advantages ``[[1.0, -2.0]]`` and weights ``[[0.5, 2.0]]`` give ``[[0.5, -4.0]]``.
+    """
+    if batch.correction_weights is None:
+        return batch.advantages
+    return batch.advantages * batch.correction_weights.to(batch.advantages.dtype)
+
+
+def correction_weights(
+    config: TrainerConfig, old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor
+) -> Tensor:
+    """(B, N) ``ppo_ref.rollout_correction`` weights of the old log-probs (the trained policy at
+    ``temperature``) against the sampler's ``rollout_logprobs``, with the config's level
+    (``token``, ``sequence``, ``geometric`` = ``sequence-geometric``), mode and bounds; in the
+    old log-probs' dtype, 0 off the mask. Example: ``token-truncate`` with high 2 and log-probs
+    ``log 0.9`` (old) vs ``log 0.3`` (sampler) gives ``min(3, 2) = 2``.
+    """
+    if config.rollout_correction == "none":
+        raise ValueError("config: rollout_correction is 'none' (no weights to compute)")
+    level, mode = config.rollout_correction.rsplit("-", 1)
+    weights = rollout_correction(
+        old_logprobs,
+        rollout_logprobs.to(old_logprobs.dtype),
+        mask,
+        level="sequence-geometric" if level == "geometric" else level,
+        mode=mode,
+        high=config.rollout_correction_high,
+        low=config.rollout_correction_low,
+    )
+    return weights.to(old_logprobs.dtype)
 
 
 def _mismatch_message(diff: float, tolerance: float) -> str:
@@ -201,6 +289,7 @@ def ppo_update(
     logprob_tolerance: float,
     nonfinite_steps_so_far: int = 0,
     collectives: Collectives | None = None,
+    kl_coef: float = 0.0,
 ) -> UpdateStats:
     """Run the PPO epochs of one iteration; return their statistics.
 
@@ -211,6 +300,7 @@ def ppo_update(
     in it skipped for a bad score) takes no step. With ``target_approx_kl`` the epochs stop after a
     minibatch whose approx-KL to the rollout policy exceeds it. ``batch`` is the whole rollout;
     with several processes (``collectives``), each trains on its share of every minibatch.
+    ``kl_coef`` weighs the KL loss of ``kl_in = "loss"`` (the rollout's KL coefficient).
     """
     collectives = collectives or LocalCollectives()
     stats = UpdateStats()
@@ -242,6 +332,7 @@ def ppo_update(
                     backward,
                     rows=mine,
                     collectives=collectives,
+                    kl_coef=kl_coef,
                 )
                 if result.tokens == 0:
                     stats.empty_minibatches += 1
@@ -290,6 +381,11 @@ def ppo_update(
             "ratio_mean",
         ):
             setattr(stats, name, sum(getattr(m, name) for m in done) / len(done))
+        # The optional terms' statistics exist only in runs that use them.
+        if config.dual_clip is not None:
+            stats.dual_clip_frac = sum(m.dual_clip_frac for m in done) / len(done)
+        if config.kl_in == "loss":
+            stats.kl_loss = sum(m.kl_loss for m in done) / len(done)
         stats.ratio_max = max(m.ratio_max for m in done)
         stats.grad_norm_policy = sum(policy_norms) / len(policy_norms)
         stats.grad_norm_critic = sum(critic_norms) / len(critic_norms)

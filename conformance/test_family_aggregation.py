@@ -125,8 +125,18 @@ def test_norm_mode_divides_by_the_given_constant_never_the_padded_width(
 # --- AGG-2: partition invariance on every aggregating op ------------------------------------------
 
 
-def _split_kwargs(op: str, data: st.DataObject, loss_agg: str) -> tuple[dict[str, Any], str]:
-    """Whole-batch keyword arguments of ``op`` for ``loss_agg``, and the input to differentiate."""
+def _value_clip(ctx: Context) -> bool | None:
+    """The value losses the adapter computes (declared value_clip_modes): True clipped only, False
+    unclipped only, None both (drawn)."""
+    modes = ctx.conventions.value_clip_modes
+    return None if len(modes) == 2 else "clipped" in modes
+
+
+def _split_kwargs(
+    op: str, data: st.DataObject, loss_agg: str, value_clip: bool | None = None
+) -> tuple[dict[str, Any], str]:
+    """Whole-batch keyword arguments of ``op`` for ``loss_agg``, and the input to differentiate
+    (``value_clip``: as in :func:`_value_clip`)."""
     norm = (
         {"norm_constant": data.draw(cs.norm_constants(), label="C")}
         if loss_agg == "seq-mean-token-sum-norm"
@@ -140,7 +150,7 @@ def _split_kwargs(op: str, data: st.DataObject, loss_agg: str) -> tuple[dict[str
         return {"logp": p.logp, "old_logp": p.old_logp, "advantages": p.advantages, "mask": p.mask,
                 "clip_eps": p.clip_eps, "loss_agg": loss_agg, **norm}, "logp"  # fmt: skip
     if op == "value_loss":
-        v = data.draw(cs.value_batches(), label="batch")
+        v = data.draw(cs.value_batches(clip=value_clip), label="batch")
         return {"values": v.values, "old_values": v.old_values, "returns": v.returns, "mask": v.mask,
                 "clip_eps": v.clip_eps, "loss_agg": loss_agg, **norm}, "values"  # fmt: skip
     if op == "cispo_loss":
@@ -219,7 +229,7 @@ PARTITION_OPS = ("aggregate_loss", "policy_loss", "value_loss", "cispo_loss", "k
 def test_micro_batches_with_whole_batch_counts_sum_to_the_whole_batch(
     ctx: Context, op: str, loss_agg: str, data: st.DataObject
 ) -> None:
-    kwargs, wrt = _split_kwargs(op, data, loss_agg)
+    kwargs, wrt = _split_kwargs(op, data, loss_agg, _value_clip(ctx))
     assume(bool((kwargs["mask"] != 0).any()))
     parts = data.draw(cs.micro_batches(kwargs["mask"].shape[0]), label="micro-batches")
     _check_partition(ctx, op, kwargs, wrt, cs.whole_batch_counts(kwargs["mask"], loss_agg), parts)
@@ -269,7 +279,7 @@ def test_policy_loss_with_counts_matches_the_reference(
 def test_value_loss_with_loss_agg_and_counts_matches_the_reference(
     ctx: Context, loss_agg: str, data: st.DataObject, extra: int
 ) -> None:
-    kwargs, _ = _split_kwargs("value_loss", data, loss_agg)
+    kwargs, _ = _split_kwargs("value_loss", data, loss_agg, _value_clip(ctx))
     counts = {}
     if data.draw(st.booleans(), label="with counts"):
         counts = {k: max(v, 1) + extra for k, v in cs.whole_batch_counts(kwargs["mask"], loss_agg).items()}

@@ -28,10 +28,13 @@ OpenRLHF's trainer does before it calls the same function:
   policy and for the reference model, and those are what the experience maker passes;
 - ``gae`` calls ``RemoteExperienceMaker.get_advantages_and_returns`` unbound: it never reads
   ``self``;
-- ``policy_loss`` builds ``PolicyLoss(clip_eps_low=clip_eps, clip_eps_high=clip_eps,
-  token_level_loss=(loss_agg == "token-mean"))`` as ``PPOActor`` does from ``--actor.eps_clip``
-  and ``--actor.loss_agg_mode`` (``openrlhf/trainer/ray/ppo_actor.py``), ``dual_clip`` left at
-  its default None; ``value_loss`` builds ``ValueLoss(clip_eps)``.
+- ``policy_loss`` builds ``PolicyLoss(clip_eps_low=clip_eps, clip_eps_high=clip_eps_high or
+  clip_eps, dual_clip=dual_clip, token_level_loss=(loss_agg == "token-mean"))`` as ``PPOActor``
+  does from ``--actor.eps_clip_low_high``, ``--actor.dual_clip`` and ``--actor.loss_agg_mode``
+  (``openrlhf/trainer/ray/ppo_actor.py``); ``value_loss`` builds ``ValueLoss(clip_eps,
+  token_level_loss=...)``; both pass ``token_count`` / ``row_count`` as ``batch_num_tokens`` /
+  ``global_batch_size``, as ``PPOActor`` passes ``get_loss_batch_info``'s result;
+- the PPO-family ops come from ``openrlhf_family.OpenRLHFFamilyOps`` (issue 14).
 """
 
 from __future__ import annotations
@@ -53,6 +56,12 @@ from ppo_ref.adapters.thirdparty import _openrlhf_stubs
 from ppo_ref.adapters.thirdparty._common import float_mask as _float_mask
 from ppo_ref.adapters.thirdparty._common import import_library, missing_library
 from ppo_ref.adapters.thirdparty._common import library_location as _where
+from ppo_ref.adapters.thirdparty.openrlhf_family import (
+    FAMILY_CONVENTION_SOURCES,
+    FAMILY_CONVENTIONS,
+    OpenRLHFFamilyOps,
+    loss_batch_info,
+)
 
 __all__ = ["CONVENTIONS", "CONVENTION_SOURCES", "NOT_PROVIDED", "OpenRLHFAdapter", "make_adapter"]
 
@@ -70,7 +79,9 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "log_ratio_clamp": 20.0,
         "approx_kl": "k1",
         "loss_aggregations": ["token-mean", "seq-mean-token-mean"],
-        "policy_loss_options": [],
+        "policy_loss_options": ["clip_eps_high", "dual_clip", "counts"],
+        "log_ratio_clamp_statistics": "raw",
+        **FAMILY_CONVENTIONS,
     }
 )
 """OpenRLHF's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
@@ -90,8 +101,14 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "['token-mean', 'seq-mean-token-mean'], mapped to PolicyLoss(token_level_loss=...) in "
         "openrlhf/trainer/ray/ppo_actor.py; openrlhf/models/loss.py aggregate_loss",
         "policy_loss_options": "openrlhf/models/loss.py PolicyLoss(clip_eps_low, clip_eps_high, dual_clip, "
-        "...): this adapter predates CLIP-1..3 and AGG-1..3 and wires none of clip_eps_high, dual_clip, "
-        "norm_constant, token_count, row_count: not provided",
+        "...) from --actor.eps_clip_low_high and --actor.dual_clip (openrlhf/trainer/ray/ppo_actor.py); "
+        "PolicyLoss.forward and ValueLoss.forward take batch_num_tokens and global_batch_size (the counts, "
+        "from openrlhf/utils/loss_utils.py get_loss_batch_info); no norm_constant (OpenRLHF has no "
+        "seq-mean-token-sum-norm)",
+        "log_ratio_clamp_statistics": "openrlhf/models/loss.py PolicyLoss.forward: the ratio uses "
+        "`raw_policy_log_ratio.clamp(-20, 20)`, `ppo_kl = masked_mean(-raw_policy_log_ratio.detach(), "
+        "action_mask)` the unclamped one",
+        **FAMILY_CONVENTION_SOURCES,
     }
 )
 """Where each declared convention shows in OpenRLHF's code."""
@@ -123,19 +140,18 @@ class PolicyLossResult:
     approx_kl: Tensor
 
 
-class OpenRLHFAdapter:
+class OpenRLHFAdapter(OpenRLHFFamilyOps):
     """Each op is an OpenRLHF function; see the module docstring for the argument conversions."""
 
     name = LIBRARY
     conventions = CONVENTIONS
     convention_sources = CONVENTION_SOURCES
-    not_provided = NOT_PROVIDED
 
     def __init__(self, modules: Mapping[str, ModuleType]) -> None:
         self._loss = modules["openrlhf.models.loss"]
         self._utils = modules["openrlhf.models.utils"]
         self._maker = modules["openrlhf.trainer.ppo_utils.experience_maker"].RemoteExperienceMaker
-        self._policy_losses: dict[tuple[float, str], Any] = {}
+        self._policy_losses: dict[tuple[float, float, float | None, str], Any] = {}
         self.version = importlib.metadata.version("openrlhf")
         utils = self._utils
         kl = _where(utils.compute_approx_kl)
@@ -150,11 +166,15 @@ class OpenRLHFAdapter:
             "policy_loss": _where(self._loss.PolicyLoss.forward),
             "value_loss": _where(self._loss.ValueLoss.forward),
         }
+        family, family_missing = self.family_sources()
+        sources.update(family)
+        not_provided = {**NOT_PROVIDED, **family_missing}
         sources = {op: sources[op] for op in OP_NAMES if op in sources}
         self.ops: frozenset[str] = frozenset(sources)
+        self.not_provided: Mapping[str, str] = MappingProxyType(not_provided)
         self.provenance = "; ".join(
             [f"{op}: {source}" for op, source in sources.items()]
-            + [f"not provided: {op} ({reason})" for op, reason in NOT_PROVIDED.items()]
+            + [f"not provided: {op} ({reason})" for op, reason in not_provided.items()]
         )
 
     def __repr__(self) -> str:
@@ -227,19 +247,35 @@ class OpenRLHFAdapter:
         mask: Tensor,
         clip_eps: float,
         loss_agg: str = "token-mean",
+        *,
+        clip_eps_high: float | None = None,
+        dual_clip: float | None = None,
+        norm_constant: float | None = None,
+        token_count: int | Tensor | None = None,
+        row_count: int | Tensor | None = None,
     ) -> PolicyLossResult:
+        if norm_constant is not None:
+            raise ValueError("norm_constant: OpenRLHF has no seq-mean-token-sum-norm mode")
         if loss_agg not in ("token-mean", "seq-mean-token-mean"):
             raise ValueError(
                 "loss_agg: OpenRLHF's PolicyLoss has token-mean and seq-mean-token-mean only, "
                 f"got {loss_agg!r}"
             )
-        key = (clip_eps, loss_agg)
+        high = clip_eps if clip_eps_high is None else clip_eps_high
+        key = (clip_eps, high, dual_clip, loss_agg)
         if key not in self._policy_losses:
             self._policy_losses[key] = self._loss.PolicyLoss(
-                clip_eps_low=clip_eps, clip_eps_high=clip_eps, token_level_loss=loss_agg == "token-mean"
+                clip_eps_low=clip_eps,
+                clip_eps_high=high,
+                dual_clip=dual_clip,
+                token_level_loss=loss_agg == "token-mean",
             )
         loss, clip_ratio, ppo_kl, _vllm_kl, _filtered = self._policy_losses[key](
-            logp, old_logp, advantages, action_mask=_float_mask(mask, logp)
+            logp,
+            old_logp,
+            advantages,
+            action_mask=_float_mask(mask, logp),
+            **loss_batch_info(token_count, row_count),
         )
         return PolicyLossResult(loss=loss, clipfrac=clip_ratio, approx_kl=ppo_kl)
 
@@ -250,9 +286,24 @@ class OpenRLHFAdapter:
         returns: Tensor,
         mask: Tensor,
         clip_eps: float | None = None,
+        loss_agg: str = "token-mean",
+        *,
+        norm_constant: float | None = None,
+        token_count: int | Tensor | None = None,
+        row_count: int | Tensor | None = None,
     ) -> Tensor:
-        loss: Tensor = self._loss.ValueLoss(clip_eps=clip_eps)(
-            values, old_values, returns, action_mask=_float_mask(mask, values)
+        if norm_constant is not None:
+            raise ValueError("norm_constant: OpenRLHF has no seq-mean-token-sum-norm mode")
+        if loss_agg not in ("token-mean", "seq-mean-token-mean"):
+            raise ValueError(
+                f"loss_agg: OpenRLHF's ValueLoss has token-mean and seq-mean-token-mean, got {loss_agg!r}"
+            )
+        loss: Tensor = self._loss.ValueLoss(clip_eps=clip_eps, token_level_loss=loss_agg == "token-mean")(
+            values,
+            old_values,
+            returns,
+            action_mask=_float_mask(mask, values),
+            **loss_batch_info(token_count, row_count),
         )
         return loss
 

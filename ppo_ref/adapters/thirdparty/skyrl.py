@@ -13,9 +13,13 @@ from the installed package). Besides the call, the adapter only converts argumen
   the ids by one and keeps the response slice: the same pairs); the logits keep their dtype;
 - ``policy_loss`` calls the loss registered as ``"regular"`` (``PolicyLossRegistry``) with an
   ``omegaconf`` config holding skyrl's defaults (``ppo_base_config.yaml``) except ``eps_clip_low =
-  eps_clip_high = clip_eps`` and ``loss_reduction``: ``token-mean`` -> ``token_mean``,
-  ``seq-mean-token-mean`` -> ``sequence_mean``, ``seq-mean-token-sum`` -> ``seq_mean_token_sum_norm``
-  with ``max_seq_len = 1`` (the Dr. GRPO divisor set to 1 leaves the per-row token sums);
+  clip_eps``, ``eps_clip_high = clip_eps_high`` (or ``clip_eps``) and ``loss_reduction``:
+  ``token-mean`` -> ``token_mean``, ``seq-mean-token-mean`` -> ``sequence_mean``,
+  ``seq-mean-token-sum-norm`` -> ``seq_mean_token_sum_norm`` with ``max_seq_len = norm_constant``,
+  ``seq-mean-token-sum`` -> the same with ``max_seq_len = 1`` (the Dr. GRPO divisor set to 1 leaves
+  the per-row token sums); a ``dual_clip`` selects the loss registered as ``"dual_clip"`` with
+  ``clip_ratio_c = dual_clip``;
+- the PPO-family ops come from ``skyrl_family.SkyRLFamilyOps`` (issue 14);
 - ``value_loss`` calls ``ppo_critic_loss`` with ``value_clip = clip_eps`` (None: unclipped).
 
 ``make_normalize_adapter`` is a second, narrower adapter (``--impl=ppo_ref.adapters.thirdparty.skyrl:
@@ -38,6 +42,13 @@ from ppo_ref.adapters.base import OP_NAMES
 from ppo_ref.adapters.thirdparty._common import float_mask as _float_mask
 from ppo_ref.adapters.thirdparty._common import import_library
 from ppo_ref.adapters.thirdparty._common import library_location as _where
+from ppo_ref.adapters.thirdparty.skyrl_family import (
+    FAMILY_CONVENTION_SOURCES,
+    FAMILY_CONVENTIONS,
+    REDUCTIONS,
+    SkyRLFamilyOps,
+    reduction_config,
+)
 
 __all__ = [
     "CONVENTIONS",
@@ -53,14 +64,8 @@ LIBRARY = "skyrl"
 DISTRIBUTION = "skyrl-train"
 REQUIRED_MODULES = ("skyrl_train.utils.ppo_utils", "skyrl_train.utils.torch_utils", "omegaconf")
 
-LOSS_REDUCTIONS: Mapping[str, str] = MappingProxyType(
-    {
-        "token-mean": "token_mean",
-        "seq-mean-token-mean": "sequence_mean",
-        "seq-mean-token-sum": "seq_mean_token_sum_norm",
-    }
-)
-"""ppo-ref's loss_agg -> skyrl's loss_reduction."""
+LOSS_REDUCTIONS: Mapping[str, str] = REDUCTIONS
+"""ppo-ref's loss_agg -> skyrl's loss_reduction (``skyrl_family.REDUCTIONS``)."""
 
 CONVENTIONS: Mapping[str, object] = MappingProxyType(
     {
@@ -70,8 +75,14 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "log_ratio_clamp": 20.0,
         "approx_kl": None,
         "value_loss_agg": "seq-mean-token-mean",
-        "loss_aggregations": ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
-        "policy_loss_options": [],
+        "loss_aggregations": [
+            "token-mean",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum",
+            "seq-mean-token-sum-norm",
+        ],
+        "policy_loss_options": ["clip_eps_high", "dual_clip"],
+        **FAMILY_CONVENTIONS,
     }
 )
 """skyrl-train's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
@@ -92,12 +103,14 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "no approx-KL",
         "value_loss_agg": "skyrl_train/utils/ppo_utils.py ppo_critic_loss: "
         "`loss = masked_mean(loss, loss_mask, dim=-1).mean()` (per-row token means, then the mean over rows)",
-        "loss_aggregations": "skyrl_train/utils/ppo_utils.py reduce_loss: this adapter maps the three modes "
-        "of PG-2 (LOSS_REDUCTIONS); 'seq_mean_token_sum_norm' divides by max_seq_len, which the adapter does "
-        "not wire as norm_constant, so AGG-1 is not provided",
-        "policy_loss_options": "skyrl_train/utils/ppo_utils.py ppo_policy_loss reads eps_clip_low/high and "
-        "clip_ratio_c from its config; this adapter predates CLIP-1..3 and AGG-1..3 and wires none of "
-        "clip_eps_high, dual_clip, norm_constant, token_count, row_count: not provided",
+        "loss_aggregations": "skyrl_train/utils/ppo_utils.py reduce_loss: token_mean, sequence_mean and "
+        "seq_mean_token_sum_norm, which divides by max_seq_len (norm_constant here; seq-mean-token-sum is "
+        "that mode with max_seq_len = 1: skyrl_family.REDUCTIONS)",
+        "policy_loss_options": "skyrl_train/utils/ppo_utils.py ppo_policy_loss reads eps_clip_high "
+        "(clip_eps_high) and, with policy_loss_type 'dual_clip', clip_ratio_c (dual_clip); skyrl-train 0.3.1 "
+        "reduces each micro-batch on its own and divides by the accumulation steps "
+        "(skyrl_train/workers/worker.py), so it takes no whole-batch counts: 'counts' not provided",
+        **FAMILY_CONVENTION_SOURCES,
     }
 )
 """Where each declared convention shows in skyrl-train's code."""
@@ -127,19 +140,18 @@ def _load() -> dict[str, ModuleType]:
     return {name: import_library(LIBRARY, "skyrl-train", name) for name in REQUIRED_MODULES}
 
 
-class SkyRLAdapter:
+class SkyRLAdapter(SkyRLFamilyOps):
     """Each op is a skyrl-train function; see the module docstring for the argument conversions."""
 
     name = LIBRARY
     conventions = CONVENTIONS
     convention_sources = CONVENTION_SOURCES
-    not_provided = NOT_PROVIDED
 
     def __init__(self, modules: Mapping[str, ModuleType]) -> None:
         self._ppo = modules["skyrl_train.utils.ppo_utils"]
         self._torch_utils = modules["skyrl_train.utils.torch_utils"]
         self._omegaconf = modules["omegaconf"].OmegaConf
-        self._configs: dict[tuple[float, str], Any] = {}
+        self._configs: dict[tuple[float, float, float | None, str, float | None], Any] = {}
         self.version = importlib.metadata.version(DISTRIBUTION)
         ppo, torch_utils = self._ppo, self._torch_utils
         sources = {
@@ -155,11 +167,15 @@ class SkyRLAdapter:
             + " via PolicyLossRegistry.get('regular')",
             "value_loss": _where(ppo.ppo_critic_loss),
         }
+        family, family_missing = self.family_sources()
+        sources.update(family)
+        not_provided = {**NOT_PROVIDED, **family_missing}
         sources = {op: sources[op] for op in OP_NAMES if op in sources}
         self.ops: frozenset[str] = frozenset(sources)
+        self.not_provided: Mapping[str, str] = MappingProxyType(not_provided)
         self.provenance = "; ".join(
             [f"{op}: {source}" for op, source in sources.items()]
-            + [f"not provided: {op} ({reason})" for op, reason in NOT_PROVIDED.items()]
+            + [f"not provided: {op} ({reason})" for op, reason in not_provided.items()]
         )
 
     def __repr__(self) -> str:
@@ -214,22 +230,26 @@ class SkyRLAdapter:
         )
         return advantages, returns
 
-    def _policy_config(self, clip_eps: float, loss_agg: str) -> Any:
-        if loss_agg not in LOSS_REDUCTIONS:
-            raise ValueError(f"loss_agg: expected one of {list(LOSS_REDUCTIONS)}, got {loss_agg!r}")
-        key = (clip_eps, loss_agg)
+    def _policy_config(
+        self,
+        clip_eps: float,
+        loss_agg: str,
+        clip_eps_high: float | None = None,
+        dual_clip: float | None = None,
+        norm_constant: float | None = None,
+    ) -> Any:
+        high = clip_eps if clip_eps_high is None else clip_eps_high
+        key = (clip_eps, high, dual_clip, loss_agg, norm_constant)
         if key not in self._configs:
-            reduction = LOSS_REDUCTIONS[loss_agg]
             self._configs[key] = self._omegaconf.create(
                 {
-                    "policy_loss_type": "regular",
-                    "loss_reduction": reduction,
+                    "policy_loss_type": "regular" if dual_clip is None else "dual_clip",
                     "eps_clip_low": clip_eps,
-                    "eps_clip_high": clip_eps,
-                    "clip_ratio_c": 3.0,
+                    "eps_clip_high": high,
+                    "clip_ratio_c": 3.0 if dual_clip is None else dual_clip,
                     "use_tis": False,
                     "tis_imp_ratio_cap": -1.0,
-                    "max_seq_len": 1 if reduction == "seq_mean_token_sum_norm" else None,
+                    **reduction_config(loss_agg, norm_constant),
                 }
             )
         return self._configs[key]
@@ -242,13 +262,17 @@ class SkyRLAdapter:
         mask: Tensor,
         clip_eps: float,
         loss_agg: str = "token-mean",
+        *,
+        clip_eps_high: float | None = None,
+        dual_clip: float | None = None,
+        norm_constant: float | None = None,
     ) -> PolicyLossResult:
-        loss_fn = self._ppo.PolicyLossRegistry.get("regular")
+        loss_fn = self._ppo.PolicyLossRegistry.get("regular" if dual_clip is None else "dual_clip")
         loss, clip_ratio = loss_fn(
             logp,
             old_logp,
             advantages,
-            self._policy_config(clip_eps, loss_agg),
+            self._policy_config(clip_eps, loss_agg, clip_eps_high, dual_clip, norm_constant),
             loss_mask=_float_mask(mask, logp),
         )
         return PolicyLossResult(loss=loss, clipfrac=clip_ratio)

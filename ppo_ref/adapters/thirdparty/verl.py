@@ -14,8 +14,11 @@ installed package). Besides the call, the adapter only converts arguments:
   dtype (verl's engine does not up-cast them);
 - ``kl_penalty`` with a mask multiplies the estimate by the mask afterwards, as verl's
   ``apply_kl_penalty`` (``verl/trainer/ppo/ray_trainer.py``) does with ``response_mask``;
-- ``policy_loss`` builds an ``ActorConfig`` whose ``clip_ratio``, ``clip_ratio_low`` and
-  ``clip_ratio_high`` are ``clip_eps`` (every other field keeps verl's default, ``clip_ratio_c=3``).
+- ``policy_loss`` builds an ``ActorConfig`` whose ``clip_ratio`` and ``clip_ratio_low`` are
+  ``clip_eps``, ``clip_ratio_high`` is ``clip_eps_high`` (or ``clip_eps``), ``clip_ratio_c`` is
+  ``dual_clip`` (or verl's default 3), and whose ``global_batch_info`` holds the counts
+  (``verl_family.policy_options_config``);
+- the PPO-family ops come from ``verl_family.VerlFamilyOps`` (issue 14).
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -35,6 +37,11 @@ from ppo_ref.adapters.base import OP_NAMES
 from ppo_ref.adapters.thirdparty._common import float_mask as _float_mask
 from ppo_ref.adapters.thirdparty._common import import_library
 from ppo_ref.adapters.thirdparty._common import library_location as _where
+from ppo_ref.adapters.thirdparty.verl_family import (
+    FAMILY_CONVENTION_SOURCES,
+    FAMILY_CONVENTIONS,
+    VerlFamilyOps,
+)
 
 __all__ = ["CONVENTIONS", "CONVENTION_SOURCES", "NOT_PROVIDED", "VerlAdapter", "make_adapter"]
 
@@ -51,8 +58,15 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "approx_kl": "k1",
         "kl_clamp": {"k3": 10.0},
         "value_clip_modes": ["clipped"],
-        "loss_aggregations": ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
-        "policy_loss_options": [],
+        "loss_aggregations": [
+            "token-mean",
+            "seq-mean-token-mean",
+            "seq-mean-token-sum",
+            "seq-mean-token-sum-norm",
+        ],
+        "policy_loss_options": ["clip_eps_high", "dual_clip", "counts"],
+        "call_context": "batch-token-count",
+        **FAMILY_CONVENTIONS,
     }
 )
 """verl's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
@@ -77,13 +91,20 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "value_clip_modes": "verl/trainer/ppo/core_algos.py compute_value_loss(vpreds, returns, values, "
         "response_mask, cliprange_value, ...): cliprange_value is required and always applied; verl has no "
         "unclipped value loss",
-        "loss_aggregations": "verl/trainer/ppo/core_algos.py agg_loss: its 'seq-mean-token-sum-norm' "
-        "divides by loss_scale_factor, defaulting to loss_mask.shape[-1] (the padded width, verl #3741); "
-        "this adapter maps only the three modes of PG-2, so AGG-1 is not provided",
-        "policy_loss_options": "verl/trainer/ppo/core_algos.py compute_policy_loss_vanilla has "
-        "clip_ratio_low/high, clip_ratio_c and global batch counts in its config; this adapter predates "
-        "CLIP-1..3 and AGG-1..3 and wires none of clip_eps_high, dual_clip (verl's is always on: the "
-        "dual_clip convention), norm_constant, token_count, row_count: not provided",
+        "loss_aggregations": "verl/trainer/ppo/core_algos.py agg_loss: the four modes; "
+        "'seq-mean-token-sum-norm' divides by loss_scale_factor (norm_constant here), which defaults to "
+        "loss_mask.shape[-1], the padded width, when the config leaves it None (verl #3741; "
+        "docs/findings-family.md)",
+        "policy_loss_options": "verl/trainer/ppo/core_algos.py compute_policy_loss_vanilla reads "
+        "clip_ratio_high (clip_eps_high), clip_ratio_c (dual_clip; always on, 3.0 unless given) and "
+        "ActorConfig.global_batch_info (batch_num_tokens, global_batch_size, loss_scale_factor: the counts, "
+        "as verl/workers/utils/losses.py ppo_loss fills them); compute_value_loss takes the same counts",
+        "call_context": "verl/workers/engine/fsdp/transformer_impl.py:729-735 forward_backward_batch sets "
+        "batch_num_tokens = the global batch's loss_mask.sum() (and dp_size) for every call; "
+        "verl/workers/utils/losses.py:65-68 ppo_loss copies it into config.global_batch_info, which "
+        "core_algos.agg_loss divides the token sum by: the adapter passes the batch's token count "
+        "when the suite gives none",
+        **FAMILY_CONVENTION_SOURCES,
     }
 )
 """Where each declared convention shows in verl's code."""
@@ -110,7 +131,7 @@ class PolicyLossResult:
     clipfrac_lower: float
 
 
-class VerlAdapter:
+class VerlAdapter(VerlFamilyOps):
     """Each op is a verl function; see the module docstring for the argument conversions."""
 
     name = LIBRARY
@@ -122,7 +143,6 @@ class VerlAdapter:
         self._functional = modules["verl.utils.torch_functional"]
         self._actor_config = modules["verl.workers.config"].ActorConfig
         self._engine = engine
-        self._configs: dict[float, Any] = {}
         self.version = importlib.metadata.version("verl")
         core, functional = self._core, self._functional
         sources = {
@@ -135,9 +155,12 @@ class VerlAdapter:
             "policy_loss": _where(core.get_policy_loss_fn("vanilla"))
             + " via get_policy_loss_fn('vanilla'), with "
             + _where(self._actor_config),
-            "value_loss": _where(core.compute_value_loss) + " with loss_agg_mode='token-mean'",
+            "value_loss": _where(core.compute_value_loss) + " (loss_agg_mode and the counts as given)",
         }
         not_provided = dict(NOT_PROVIDED)
+        family, family_missing = self.family_sources()
+        sources.update(family)
+        not_provided.update(family_missing)
         if engine is None:
             not_provided["token_logprobs"] = f"{ENGINE_MODULE} (verl's temperature scaling) did not import"
         else:
@@ -204,18 +227,6 @@ class VerlAdapter:
         )
         return advantages, returns
 
-    def _config(self, clip_eps: float) -> Any:
-        if clip_eps not in self._configs:
-            self._configs[clip_eps] = self._actor_config(
-                strategy="fsdp",
-                rollout_n=1,
-                ppo_micro_batch_size_per_gpu=1,
-                clip_ratio=clip_eps,
-                clip_ratio_low=clip_eps,
-                clip_ratio_high=clip_eps,
-            )
-        return self._configs[clip_eps]
-
     def policy_loss(
         self,
         logp: Tensor,
@@ -224,15 +235,23 @@ class VerlAdapter:
         mask: Tensor,
         clip_eps: float,
         loss_agg: str = "token-mean",
+        *,
+        clip_eps_high: float | None = None,
+        dual_clip: float | None = None,
+        norm_constant: float | None = None,
+        token_count: int | Tensor | None = None,
+        row_count: int | Tensor | None = None,
     ) -> PolicyLossResult:
         loss_fn = self._core.get_policy_loss_fn("vanilla")
+        token_count = _engine_token_count(mask, loss_agg, token_count)
+        counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
         loss, metrics = loss_fn(
             old_log_prob=old_logp,
             log_prob=logp,
             advantages=advantages,
             response_mask=_float_mask(mask, logp),
             loss_agg_mode=loss_agg,
-            config=self._config(clip_eps),
+            config=self.policy_options_config(clip_eps, clip_eps_high, dual_clip, **counts),
         )
         return PolicyLossResult(
             loss=loss,
@@ -248,6 +267,11 @@ class VerlAdapter:
         returns: Tensor,
         mask: Tensor,
         clip_eps: float | None = None,
+        loss_agg: str = "token-mean",
+        *,
+        norm_constant: float | None = None,
+        token_count: int | Tensor | None = None,
+        row_count: int | Tensor | None = None,
     ) -> Tensor:
         if clip_eps is None:
             raise ValueError(
@@ -260,10 +284,21 @@ class VerlAdapter:
             values=old_values,
             response_mask=_float_mask(mask, values),
             cliprange_value=clip_eps,
-            loss_agg_mode="token-mean",
+            loss_agg_mode=loss_agg,
+            batch_num_tokens=_engine_token_count(mask, loss_agg, token_count),
+            global_batch_size=row_count,
+            loss_scale_factor=norm_constant,
         )
         result: Tensor = loss
         return result
+
+
+def _engine_token_count(mask: Tensor, loss_agg: str, token_count: int | Tensor | None) -> int | Tensor | None:
+    """``token_count``, or for a token mean without one the batch's action-token count: what verl's
+    engine passes every loss (declared ``call_context='batch-token-count'``)."""
+    if token_count is None and loss_agg == "token-mean":
+        return int((mask != 0).sum())
+    return token_count
 
 
 def make_adapter() -> VerlAdapter:

@@ -380,7 +380,9 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 "zero",
                 "'zero', 'raw-score' or 'unguarded'",
                 "a group of one sample: A = 0 (zero); its mean taken as 0 and its std as 1, so "
-                "A = r (grpo: r / (1 + eps); raw-score); no guard, A = NaN from 0/0 (unguarded)",
+                "A = r (grpo: r / (1 + eps); raw-score); no guard, A = NaN from 0/0 where the formula "
+                "divides by n - 1 (grpo's group std, rloo's leave-one-out mean; dr_grpo and a std_scope "
+                "other than 'group' give r - r = 0: unguarded)",
                 "raw-score: verl compute_grpo_outcome_advantage and compute_rloo_outcome_advantage, "
                 "skyrl-train grpo; unguarded: OpenRLHF rloo and group_norm (divide by n - 1 = 0)",
                 _choice(*GROUP_SINGLETONS),
@@ -763,7 +765,8 @@ class ReferenceVariant:
         singleton: str = "zero",
     ) -> Tensor:
         """GRP-1..4 with ``group_std_eps`` (a fixed epsilon replaces ``eps``) and ``group_singleton``
-        (a group of one: its mean read as 0 and its std as 1, or NaN from 0/0)."""
+        (a group of one: its mean read as 0 and its std as 1, or NaN from 0/0 where the formula
+        divides by n - 1)."""
         c = self.conventions
         epsilon = eps if c.group_std_eps is None else c.group_std_eps
         advantages = ppo_ref.group_advantages(
@@ -774,6 +777,8 @@ class ReferenceVariant:
         alone = singleton_rows(group_ids)
         raw = scores.to(advantages.dtype)
         if c.group_singleton == "unguarded":
+            if method != "rloo" and (method, std_scope) != ("grpo", "group"):
+                return advantages  # no division by n - 1 there: r - mean of one is 0
             value = torch.full_like(raw, math.nan)
         elif method == "grpo" and std_scope == "group":
             value = raw / (1.0 + epsilon)

@@ -48,6 +48,7 @@ __all__ = [
     "TestRecord",
     "build_report",
     "compact_summary",
+    "failure_lines",
     "parse_failure",
     "render_markdown",
     "report_paths",
@@ -178,6 +179,22 @@ def parse_failure(text: str) -> ParsedFailure:
     return ParsedFailure("\n".join(message), "\n".join(inputs), "\n".join(reproduction))
 
 
+def failure_lines(error: BaseException) -> list[str]:
+    """The text of a failure: ``Type: message`` and the exception's notes (Hypothesis' example, the
+    reproductions). An exception group (several failing examples, a flaky failure) is replaced by
+    its first leaf exception, with the group's notes after the leaf's: the report shows one whole
+    failure, never only the group's border line ("Hypothesis found 2 distinct failures")."""
+    if not isinstance(error, BaseException):
+        raise ValueError(f"error: expected an exception, got {type(error).__name__}")
+    notes = [str(note) for note in getattr(error, "__notes__", [])]
+    inner = getattr(error, "exceptions", None)  # an ExceptionGroup (the backport's on Python 3.10)
+    while isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):
+        error = inner[0]
+        notes = [str(note) for note in getattr(error, "__notes__", [])] + notes
+        inner = getattr(error, "exceptions", None)
+    return [f"{type(error).__name__}: {error}", *notes]
+
+
 def _skip_reason(report: pytest.TestReport) -> str:
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
@@ -244,10 +261,8 @@ class ConformanceRecorder:
         if report.failed and call.excinfo is not None and item.nodeid in self.records:
             # The exception's own text, notes included (Hypothesis' example, the reproductions),
             # whatever --tb style pytest prints it in.
-            error = call.excinfo.value
-            lines = [f"{type(error).__name__}: {error}", *getattr(error, "__notes__", [])]
             self._texts[item.nodeid] = "\n".join(
-                "E   " + line for text in lines for line in str(text).splitlines()
+                "E   " + line for text in failure_lines(call.excinfo.value) for line in str(text).splitlines()
             )
         return report
 
@@ -359,6 +374,19 @@ def compact_summary(records: Sequence[TestRecord], titles: dict[str, str]) -> li
     return lines
 
 
+KINDS = ("contract", "value", "robustness")
+"""Kinds of clause (spec introduction): ``robustness`` (ROB-*: garbage in masked-out slots, checked
+whatever the adapter declares), ``value`` (the numbers, on inputs as the adapter declares them),
+``contract`` (the adapter's own attributes)."""
+
+
+def clause_kind(clause: str) -> str:
+    """``robustness`` for ``ROB-*``, ``contract`` for ``CONTRACT``, else ``value``."""
+    if clause == CONTRACT:
+        return "contract"
+    return "robustness" if clause.startswith("ROB-") else "value"
+
+
 def _clause_entry(clause: str, title: str, records: list[TestRecord], declared: list[str]) -> dict[str, Any]:
     counts = {name: sum(r.outcome == name for r in records) for name in ("passed", "failed", "skipped")}
     failed = [r for r in records if r.outcome == "failed"]
@@ -379,6 +407,7 @@ def _clause_entry(clause: str, title: str, records: list[TestRecord], declared: 
     return {
         "id": clause,
         "title": title,
+        "kind": clause_kind(clause),
         "verdict": verdict,
         "tests": counts,
         "declared_conventions": declared,
@@ -407,6 +436,13 @@ def build_report(context: Context, records: list[TestRecord], args: Sequence[str
     ]
     problems = contract_problems(adapter) + convention_problems(getattr(adapter, "conventions", None))
     summary = {verdict: sum(c["verdict"] == verdict for c in clauses) for verdict in VERDICTS}
+    summary_by_kind = {
+        kind: {
+            verdict: sum(c["verdict"] == verdict and c["kind"] == kind for c in clauses)
+            for verdict in VERDICTS
+        }
+        for kind in KINDS
+    }
     return {
         "implementation": {
             "impl": context.impl,
@@ -423,6 +459,7 @@ def build_report(context: Context, records: list[TestRecord], args: Sequence[str
         "python": sys.version.split()[0],
         "command": "pytest " + " ".join(args),
         "summary": summary,
+        "summary_by_kind": summary_by_kind,
         "passed": summary["fail"] == 0,
         "clauses": clauses,
     }
@@ -433,9 +470,9 @@ def _cell(text: str) -> str:
 
 
 def _notes(entry: dict[str, Any]) -> str:
-    if entry["verdict"] == "fail":
+    if entry["verdict"] == "fail":  # the first line whole (the whole message is under Failures)
         first_line = entry["first_failure"].splitlines()[0] if entry["first_failure"] else ""
-        return f"{len(entry['failing_tests'])} failing; first: {first_line[:160]}"
+        return f"{len(entry['failing_tests'])} failing; first: {first_line}"
     if entry["declared_conventions"]:
         return "checked against the variant for " + ", ".join(f"`{d}`" for d in entry["declared_conventions"])
     if entry["verdict"] in ("not provided", "not applicable", "not run"):
@@ -443,6 +480,19 @@ def _notes(entry: dict[str, Any]) -> str:
     partial = [r for r in entry["skip_reasons"] if r.startswith("not provided")]
     text = "partly not provided: " + "; ".join(r.removeprefix("not provided: ") for r in partial)
     return text[:240] if partial else ""
+
+
+def _kind_lines(report: dict[str, Any]) -> list[str]:
+    """One line per kind of clause: value clauses (the numbers on the declared inputs) apart from
+    robustness ones (garbage in masked-out slots)."""
+    by_kind = report.get("summary_by_kind") or {}
+    lines = []
+    for kind in ("value", "robustness"):
+        counts = by_kind.get(kind, {})
+        text = ", ".join(f"{n} {verdict}" for verdict, n in counts.items() if n)
+        if text:
+            lines.append(f"- {kind} clauses: {text}")
+    return [*lines, ""] if lines else []
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -455,6 +505,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         f"**Result: {'PASS' if report['passed'] else 'FAIL'}** ({summary})",
         "",
+        *_kind_lines(report),
         "| | |",
         "|---|---|",
         f"| Implementation | `{impl['name']}` {impl['version']} (`--impl={impl['impl']}`) |",

@@ -7,15 +7,27 @@ a padded slot reaches neither the result nor a gradient (``x * mask`` would give
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from ppo_ref._validate import check_bool, check_finite_where, check_float, check_mask
 
-__all__ = ["WHITEN_EPS", "masked_mean", "masked_mean_var", "masked_sum", "masked_var", "masked_whiten"]
+__all__ = [
+    "EPS_PLACEMENTS",
+    "WHITEN_EPS",
+    "masked_mean",
+    "masked_mean_var",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+]
 
 WHITEN_EPS = 1e-8
 """Added to the variance before the square root in :func:`masked_whiten`."""
+EPS_PLACEMENTS: tuple[str, ...] = ("inside-sqrt", "outside-sqrt", "clamp")
+"""Where :func:`masked_whiten` adds its epsilon (``eps_placement``)."""
 
 
 def _checked(x: Tensor, mask: Tensor, x_name: str = "x") -> tuple[Tensor, Tensor, Tensor]:
@@ -118,7 +130,15 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = True) -> Tensor:
     return masked_mean_var(x, keep, check_bool(unbiased, "unbiased"), total)[1]
 
 
-def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, unbiased: bool = True) -> Tensor:
+def masked_whiten(
+    x: Tensor,
+    mask: Tensor,
+    shift_mean: bool = True,
+    unbiased: bool = True,
+    *,
+    eps: float = WHITEN_EPS,
+    eps_placement: str = "inside-sqrt",
+) -> Tensor:
     r"""Whiten the masked-in entries of ``x`` with their own mean and variance (MASK-3).
 
     .. math:: w_i = \frac{x_i - \bar x}{\sqrt{\operatorname{var}_m(x) + 10^{-8}}}
@@ -132,17 +152,35 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, unbiased: bo
     OpenRLHF's and lm-human-preferences' whitening). Masked-out entries of the result are 0. ``x``
     and ``mask`` have the same shape; fewer than 2 masked-in entries is a ``ValueError``.
 
+    ``eps`` (default ``1e-8``, > 0) and ``eps_placement`` say where the epsilon goes: ``"inside-sqrt"``
+    (the default, the formula above), ``"outside-sqrt"`` (divide by ``sqrt(var) + eps``:
+    stable-baselines3's ``(A - mean) / (std + 1e-8)``) or ``"clamp"`` (divide by
+    ``sqrt(max(var, eps))``: OpenRLHF's ``var.clamp(min=eps).rsqrt()``). They are the declared
+    whitening conventions of other libraries; ppo-ref itself always uses the default.
+
     Example (mean 2; unbiased variance 2/2 = 1, biased 2/3, so the scale is 1/sqrt(2/3 + 1e-8))::
 
         >>> masked_whiten(torch.tensor([1.0, 2.0, 3.0, 9.0]), torch.tensor([1, 1, 1, 0]))
         tensor([-1.,  0.,  1.,  0.])
         >>> masked_whiten(torch.tensor([1.0, 2.0, 3.0, 9.0]), torch.tensor([1, 1, 1, 0]), unbiased=False)
         tensor([-1.2247,  0.0000,  1.2247,  0.0000])
+        >>> masked_whiten(torch.tensor([1.0, 2.0, 3.0, 9.0]), torch.tensor([1, 1, 1, 0]), eps=1.0,
+        ...               eps_placement="outside-sqrt")  # (x - 2) / (1 + 1)
+        tensor([-0.5000,  0.0000,  0.5000,  0.0000])
     """
     x, keep, total = _checked(x, mask)
     shift_mean = check_bool(shift_mean, "shift_mean")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise ValueError(f"eps: expected a finite number > 0, got {eps!r}")
+    if eps_placement not in EPS_PLACEMENTS:
+        raise ValueError(f"eps_placement: expected one of {list(EPS_PLACEMENTS)}, got {eps_placement!r}")
     mean, var, centered = masked_mean_var(x, keep, check_bool(unbiased, "unbiased"), total)
-    scale = torch.rsqrt(var + WHITEN_EPS)
+    if eps_placement == "inside-sqrt":
+        scale = torch.rsqrt(var + eps)
+    elif eps_placement == "outside-sqrt":
+        scale = 1.0 / (torch.sqrt(var) + eps)
+    else:
+        scale = torch.rsqrt(var.clamp(min=eps))
     if shift_mean:
         return centered * scale  # already 0 off the mask (0 * scale)
     return torch.where(keep, centered * scale + mean, torch.zeros((), dtype=x.dtype, device=x.device))

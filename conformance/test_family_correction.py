@@ -5,6 +5,7 @@ dependence (verl PR #2953, TRL #4493, #6789)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -42,7 +43,19 @@ def _draw(
     c = ctx.conventions
     levels = (level,) if level else tuple(x for x in cs.CORRECTION_LEVELS if x in c.correction_levels)
     modes = (mode,) if mode else tuple(x for x in cs.CORRECTION_MODES if x in c.correction_modes)
-    return data.draw(cs.correction_batches(levels=levels, modes=modes, **options), label="batch")
+    batch = data.draw(cs.correction_batches(levels=levels, modes=modes, **options), label="batch")
+    return declared_bounds(ctx, batch)
+
+
+def declared_bounds(ctx: Context, batch: cs.CorrectionBatch) -> cs.CorrectionBatch:
+    """The batch within the declared ``correction_bounds``: no ``low`` in truncate mode without
+    ``truncate-low``, and mask mode without ``mask-open-low`` only with a ``low`` (else rejected)."""
+    bounds = ctx.conventions.correction_bounds
+    if batch.mode == "truncate" and "truncate-low" not in bounds:
+        return dataclasses.replace(batch, low=None)
+    if batch.mode == "mask" and "mask-open-low" not in bounds:
+        assume(batch.low is not None and batch.low <= batch.high)
+    return batch
 
 
 def _log_weights(batch: cs.CorrectionBatch, level: str) -> Tensor:

@@ -12,6 +12,8 @@ float32, so a correction computed from probabilities instead of log-probs went u
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 
 from . import strategies as cs
 from .support import Context, assert_close, call_both, examples
+from .test_family_correction import declared_bounds
 
 UNLIKELY_SHIFT = (110.0, 150.0)
 """The log-probs are moved down by this much: exp(-110) is 0 in float32 (its smallest subnormal is
@@ -36,6 +39,7 @@ def test_rollout_weights_of_very_unlikely_tokens(
     ``logp == rollout_logp``), with the declared levels and modes."""
     level = data.draw(st.sampled_from(sorted(ctx.conventions.correction_levels)), label="level")
     mode = data.draw(st.sampled_from(sorted(ctx.conventions.correction_modes)), label="mode")
+    batch = declared_bounds(ctx, dataclasses.replace(batch, level=level, mode=mode))
     shift = data.draw(st.floats(*UNLIKELY_SHIFT), label="shift")
     # equal log-probs stay equal (the same float subtraction), so their weight must stay exactly 1
     logp, rollout_logp = batch.logp - shift, batch.rollout_logp - shift

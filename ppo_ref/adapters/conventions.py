@@ -46,6 +46,7 @@ from ppo_ref.kl import last_action_index
 __all__ = [
     "CISPO_BOUNDS",
     "CONVENTIONS",
+    "CORRECTION_BOUNDS",
     "CORRECTION_LEVELS",
     "CORRECTION_MODES",
     "GROUP_METHODS",
@@ -83,6 +84,10 @@ CISPO_BOUNDS: tuple[str, ...] = ("offsets", "absolute-cap")
 KL_LOSS_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "k3+")
 CORRECTION_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-geometric")
 CORRECTION_MODES: tuple[str, ...] = ("truncate", "mask")
+CORRECTION_BOUNDS: tuple[str, ...] = ("truncate-low", "mask-open-low")
+"""What ``rollout_correction`` does with ``low`` (an adapter may lack either): ``truncate-low``, a
+``low`` in truncate mode raises the weights below it to it; ``mask-open-low``, mask mode without a
+``low`` keeps every weight up to ``high``."""
 POLICY_STATISTICS: tuple[str, ...] = ("clipfrac", "approx_kl")
 VALUE_CLIP_MODES: tuple[str, ...] = ("clipped", "unclipped")
 
@@ -431,6 +436,18 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 _missing(CORRECTION_MODES, dict.fromkeys(CORRECTION_MODES, ("IS-1",))),
             ),
             Convention(
+                "correction_bounds",
+                frozenset(CORRECTION_BOUNDS),
+                "a collection of 'truncate-low', 'mask-open-low' (may be empty)",
+                "what rollout_correction does with low: truncate-low, mode='truncate' also raises the "
+                "weights below low to low; mask-open-low, mode='mask' takes low=None (keeps w <= high); "
+                "without them the suite passes no low in truncate mode and always one in mask mode",
+                "verl compute_rollout_correction_weights (a float threshold is TIS with no floor, "
+                "IcePop's 'lower_upper' needs a lower bound), skyrl-train 0.3.1 (a TIS cap only)",
+                _subset(CORRECTION_BOUNDS, allow_empty=True),
+                _missing(CORRECTION_BOUNDS, dict.fromkeys(CORRECTION_BOUNDS, ("IS-1",))),
+            ),
+            Convention(
                 "value_loss_scale",
                 0.5,
                 "a number > 0 (reference 0.5)",
@@ -514,6 +531,7 @@ class ConventionSet:
     kl_loss_estimators: frozenset[str] = _reference("kl_loss_estimators")
     correction_levels: frozenset[str] = _reference("correction_levels")
     correction_modes: frozenset[str] = _reference("correction_modes")
+    correction_bounds: frozenset[str] = _reference("correction_bounds")
     value_loss_scale: float = _reference("value_loss_scale")
     value_clip_form: str = _reference("value_clip_form")
     value_clip_modes: frozenset[str] = _reference("value_clip_modes")

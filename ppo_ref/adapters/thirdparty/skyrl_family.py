@@ -70,6 +70,7 @@ FAMILY_CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "kl_loss_estimators": ["k1", "k2", "k3"],
         "correction_levels": ["token"],
         "correction_modes": ["truncate"],
+        "correction_bounds": [],
     }
 )
 """skyrl-train's declared PPO-family conventions (sources in FAMILY_CONVENTION_SOURCES); the
@@ -98,6 +99,8 @@ FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "sequence level in 0.3.1",
         "correction_modes": "skyrl_train/utils/ppo_utils.py ppo_policy_loss: TIS (clamp max) only; no "
         "masking mode, no lower bound",
+        "correction_bounds": "skyrl_train/utils/ppo_utils.py ppo_policy_loss: clamp(tis_imp_ratio, "
+        "max=tis_imp_ratio_cap), no floor; no mask mode",
     }
 )
 

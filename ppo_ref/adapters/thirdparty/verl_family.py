@@ -62,6 +62,7 @@ FAMILY_CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "kl_loss_estimators": ["k1", "k2", "k3", "k3+"],
         "correction_levels": ["token", "sequence"],
         "correction_modes": ["truncate", "mask"],
+        "correction_bounds": [],
     }
 )
 """verl's declared PPO-family conventions (sources in FAMILY_CONVENTION_SOURCES); the capability
@@ -87,6 +88,9 @@ FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "correction_modes": "verl/trainer/ppo/rollout_corr_helper.py compute_rollout_correction_weights: a "
         "float threshold truncates (TIS), a 'lower_upper' string zeroes weights outside [lower, upper] "
         "(IcePop)",
+        "correction_bounds": "verl/trainer/ppo/rollout_corr_helper.py compute_rollout_correction_weights: "
+        "a float threshold is TIS min(w, high) with no floor; IcePop's 'lower_upper' string needs a lower "
+        "bound > 0",
     }
 )
 

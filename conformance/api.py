@@ -61,6 +61,9 @@ class ClauseResult:
     """Python code that reruns the first failing call."""
     reasons: tuple[str, ...]
     """Why tests were skipped (``not provided: ...``, ``not applicable: ...``)."""
+    kind: str = "value"
+    """``value`` (the numbers, on inputs as the adapter declares them), ``robustness`` (``ROB-*``:
+    garbage in masked-out slots) or ``contract``."""
 
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> ClauseResult:
@@ -88,6 +91,7 @@ class ClauseResult:
                 first_failure_test=str(entry.get("first_failure_test", "")),
                 reproduction=str(entry.get("first_failure_reproduction", "")),
                 reasons=tuple(str(r) for r in entry["skip_reasons"]),
+                kind=str(entry.get("kind", "value")),
             )
         except (KeyError, TypeError) as error:
             raise ValueError(f"entry: not a clause of a conformance report ({error!r})") from error

@@ -10,13 +10,19 @@ adapter ops it calls (skipped as "not provided" when the adapter does not list o
 ``needs(*capabilities)`` names declared capabilities (``kl_estimator:k2``, ``loss_agg:token-mean``,
 ``value_clip:clipped``, ``gae_bootstrap``, ``policy_option:counts``, ``group_method:rloo``,
 ``group_std_scope:batch``, ``kl_loss_estimator:k3+``, ``correction_level:sequence``,
-``correction_mode:mask``) that the adapter's conventions may exclude.
+``correction_mode:mask``, ``mask_holes:gae``) that the adapter's conventions may exclude.
+
+Input conventions (issue 11): every test runs inside :func:`.strategies.declared_inputs` with the
+adapter's declared ``masked_fill`` and, when all of the test's ops are in its ``prefix_masks``,
+hole-free masks; so the value clauses see what the library's own pipeline feeds it, and only the
+robustness clauses (``ROB-*``, whose strategies pass ``junk=True``) write NaN and inf whatever is
+declared.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 import pytest
 
@@ -33,7 +39,7 @@ from ppo_ref.adapters import (
 from ppo_ref.adapters.conventions import CONVENTIONS, LOSS_AGGREGATIONS, describe
 
 from .report import ConformanceRecorder
-from .strategies import register_profiles
+from .strategies import declared_inputs, register_profiles
 from .support import Context, configure_examples
 
 # Registered at import, before Hypothesis' plugin reads --hypothesis-profile in pytest_configure.
@@ -170,6 +176,7 @@ def _missing_capability(context: Context, capability: str) -> str | None:
         "kl_loss_estimator": ("kl_loss_estimators", c.kl_loss_estimators, value not in c.kl_loss_estimators),
         "correction_level": ("correction_levels", c.correction_levels, value not in c.correction_levels),
         "correction_mode": ("correction_modes", c.correction_modes, value not in c.correction_modes),
+        "mask_holes": ("prefix_masks", c.prefix_masks, value in c.prefix_masks),
     }
     if kind not in checks:
         raise ValueError(f"needs marker: unknown capability {capability!r}")
@@ -199,6 +206,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ]
         if reasons:
             item.add_marker(pytest.mark.skip(reason="; ".join(dict.fromkeys(reasons))))
+
+
+def item_ops(item: pytest.Item) -> list[str]:
+    """The adapter ops a test's ``ops`` markers name."""
+    return [op for marker in item.iter_markers("ops") for op in marker.args]
+
+
+def holes_allowed(context: Context, item: pytest.Item) -> bool:
+    """False when every op the test calls is declared in ``prefix_masks`` (its masks have no holes)."""
+    ops = item_ops(item)
+    return not (ops and all(op in context.conventions.prefix_masks for op in ops))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Run the test with the adapter's declared input conventions (see the module docstring)."""
+    context = item.config.stash.get(CONTEXT_KEY, None)
+    if context is None:
+        yield
+        return
+    with declared_inputs(context.conventions.masked_fill, holes_allowed(context, item)):
+        yield
 
 
 @pytest.fixture(scope="session")

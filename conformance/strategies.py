@@ -17,16 +17,25 @@ Composite strategies return small frozen dataclass *bundles* (:class:`PolicyBatc
 Helpers for invariance tests: :func:`fill_masked` (write arbitrary values, NaN and inf included,
 into the masked-out slots), :func:`append_padding` (add trailing columns) and :func:`insert_holes`
 (insert columns inside the rows).
+
+Input conventions (issue 11): :func:`declared_inputs` sets, for the draws inside it, what the
+masked-out slots hold (``masked_fill``: ``"any"``, the default, draws NaN, +-inf and arbitrary
+floats there half of the time; ``"finite"`` leaves finite values of the same kind as the action
+tokens'; ``"zero"`` or a number fills them) and whether masks may have holes. The conformance suite
+enters it around every test with the adapter's declared ``masked_fill`` and ``prefix_masks``, so the
+value clauses see inputs a library's own pipeline produces; ``junk=True`` (the robustness clauses)
+writes junk whatever is declared.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
 import os
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -74,6 +83,7 @@ __all__ = [
     "clip_eps",
     "clip_eps_highs",
     "correction_batches",
+    "declared_inputs",
     "dual_clips",
     "ev_batches",
     "fill_masked",
@@ -96,6 +106,7 @@ __all__ = [
     "logits_batches",
     "loss_aggregations",
     "masked_batches",
+    "masked_fills",
     "masks",
     "micro_batches",
     "norm_constants",
@@ -128,6 +139,50 @@ LOGP_MIN = -12.0
 """Realistic log-probabilities of sampled tokens lie in [LOGP_MIN, 0]."""
 LOG_RATIO_MAX = 3.0
 """Log-ratios between two policies are drawn in [-LOG_RATIO_MAX, LOG_RATIO_MAX]."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Input conventions: what the masked-out slots hold, whether masks have holes (issue 11)
+
+_INPUTS: dict[str, Any] = {"masked_fill": "any", "holes": True}
+
+
+@contextlib.contextmanager
+def declared_inputs(masked_fill: str | float = "any", holes: bool = True) -> Iterator[None]:
+    """Within the block, draws obey an implementation's declared input conventions.
+
+    ``masked_fill``: ``"any"`` (default: junk, NaN and +-inf included, in the masked-out slots of
+    half the bundles), ``"finite"`` (the drawn finite values stay there), ``"zero"`` or a finite
+    number (the slots hold it). ``holes`` False draws masks without holes (a prefix of action tokens
+    per row). ``junk=True`` in a bundle strategy still writes junk (robustness checks).
+
+    >>> with declared_inputs("zero"):
+    ...     batch = policy_batches(junk=False).example()
+    >>> bool((batch.logp[batch.mask == 0] == 0).all())
+    True
+    """
+    if isinstance(masked_fill, str):
+        if masked_fill not in ("any", "finite", "zero"):
+            raise ValueError(
+                f"masked_fill: expected 'any', 'finite', 'zero' or a number, got {masked_fill!r}"
+            )
+    elif (
+        isinstance(masked_fill, bool)
+        or not isinstance(masked_fill, (int, float))
+        or not math.isfinite(masked_fill)
+    ):
+        raise ValueError(
+            f"masked_fill: expected 'any', 'finite', 'zero' or a finite number, got {masked_fill!r}"
+        )
+    if not isinstance(holes, bool):
+        raise ValueError(f"holes: expected a bool, got {type(holes).__name__}")
+    saved = dict(_INPUTS)
+    _INPUTS.update(masked_fill=masked_fill, holes=holes)
+    try:
+        yield
+    finally:
+        _INPUTS.clear()
+        _INPUTS.update(saved)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -502,6 +557,19 @@ def junk_tensors(draw: st.DrawFn, shape: Sequence[int], dtype: torch.dtype) -> T
     return _draw_junk(draw, shape, dtype)
 
 
+@st.composite
+def masked_fills(draw: st.DrawFn, shape: Sequence[int], dtype: torch.dtype) -> Tensor:
+    """Values for masked-out slots as the declared input conventions allow (:func:`declared_inputs`):
+    junk (:func:`junk_tensors`) under ``"any"``, finite values in [-5, 0] under ``"finite"``, zeros or
+    the declared pad value otherwise."""
+    fill = _INPUTS["masked_fill"]
+    if fill == "any":
+        return _draw_junk(draw, shape, dtype)
+    if fill == "finite":
+        return _draw_tensor(draw, shape, dtype, -5.0, 0.0)
+    return torch.full(tuple(shape), 0.0 if fill == "zero" else float(fill), dtype=dtype)
+
+
 def _draw_bits(draw: st.DrawFn, size: int) -> list[bool]:
     """``size`` booleans from a drawn density and seed."""
     density = draw(_DENSITIES)
@@ -525,6 +593,7 @@ def _draw_mask(
     rows, steps = shape
     if rows * steps < min_tokens:
         raise ValueError(f"masks: shape {shape} cannot hold {min_tokens} action tokens")
+    holes = holes and bool(_INPUTS["holes"])
     grid: list[list[bool]] = []
     for _ in range(rows):
         length = draw(_lengths(0 if empty_rows else 1, steps))
@@ -615,17 +684,23 @@ def hole_positions(steps: int, max_holes: int = 4) -> st.SearchStrategy[list[int
 def _junk_off_mask(
     draw: st.DrawFn, tensors: Sequence[Tensor], mask: Tensor, junk: bool | None
 ) -> list[Tensor]:
-    """The tensors, with arbitrary values in their masked-out slots if ``junk`` (None: draw it)."""
+    """The tensors, with arbitrary values in their masked-out slots if ``junk`` (None: draw it when
+    the declared ``masked_fill`` is ``"any"``), else with what the declared fill puts there."""
+    fill = _INPUTS["masked_fill"]
     if junk is None:
-        junk = draw(_BOOLS)
-    if not junk:
+        junk = draw(_BOOLS) if fill == "any" else False
+    if junk:
+        return [fill_masked(t, mask, _draw_junk(draw, tuple(t.shape), t.dtype)) for t in tensors]
+    if fill in ("any", "finite"):
         return list(tensors)
-    return [fill_masked(t, mask, _draw_junk(draw, tuple(t.shape), t.dtype)) for t in tensors]
+    value = 0.0 if fill == "zero" else float(fill)
+    return [fill_masked(t, mask, value) for t in tensors]
 
 
 # --------------------------------------------------------------------------------------------------
 # Bundles. ``junk``: True writes arbitrary values (NaN, inf, ...) into the masked-out slots of every
-# (B, T) float tensor, False leaves the drawn finite values there, None draws the choice.
+# (B, T) float tensor, False leaves the drawn finite values there (or the declared fill, see
+# declared_inputs), None draws the choice when the declared masked_fill is "any".
 
 
 def _draw_log_ratio_pair(

@@ -82,15 +82,17 @@ def test_holes_and_padding_are_skipped(ctx: Context, batch: cs.GAEBatch) -> None
 
 
 @pytest.mark.clause("GAE-2")
+@pytest.mark.needs("mask_holes:gae")
 @examples()
 @given(batch=cs.gae_batches(bootstrap=False, junk=False), data=st.data())
 def test_inserting_holes_changes_no_advantage(ctx: Context, batch: cs.GAEBatch, data: st.DataObject) -> None:
-    """Observation tokens inserted inside the rows (mask 0, junk rewards and values) carry the next
-    value and the running advantage across: the advantages of the action tokens do not change."""
+    """Observation tokens inserted inside the rows (mask 0, rewards and values as the declared
+    ``masked_fill`` allows: junk under ``any``) carry the next value and the running advantage
+    across: the advantages of the action tokens do not change."""
     _assume_whitenable(ctx, batch.mask)
     positions = data.draw(cs.hole_positions(batch.mask.shape[1]), label="hole positions")
     junk = [
-        data.draw(cs.junk_tensors((batch.mask.shape[0], len(positions)), batch.rewards.dtype))
+        data.draw(cs.masked_fills((batch.mask.shape[0], len(positions)), batch.rewards.dtype))
         for _ in range(2)
     ]
     holed = {

@@ -10,6 +10,13 @@ declared ``None``) are left out of the comparison when missing.
 Cases with ``raises`` are IN-2 (input validation), which holds for ppo-ref's own functions only;
 cases of functions outside the adapter contract (``masked_var``, ``explained_variance``, the
 controllers, ``update_penalty_beta``) are not applicable here. ``tests/`` runs both for ppo-ref.
+
+Input conventions (issue 11): a case is run for its own clause with its masked-out slots holding
+what the adapter's declared ``masked_fill`` allows (zeros or the pad value; under ``finite`` a NaN
+or inf there becomes 0; under the reference's ``any`` the case as written), and a case with a hole
+in its mask is not provided to an op the adapter declares in ``prefix_masks``. A case with NaN or
+inf in a masked-out slot also runs as written under its op's robustness clause (ROB-1..4,
+``test_hand_case_robustness``), whatever the adapter declares.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from ppo_ref.adapters import OP_NAMES
 
 from .cases import Case, decode_inputs, load_cases, output_names, reproduction, run_case
 from .support import Context, whitening_scale
+from .test_robustness import ROBUSTNESS_CLAUSES
 
 OPTIONAL_OUTPUTS = frozenset({"ratio_outside_frac", "ratio_mean", "ratio_max", "kl", "dual_clip_frac"})
 """Outputs of the reference that the adapter contract does not require."""
@@ -147,8 +155,88 @@ def _against_variant(ctx: Context, case: Case, outputs: list[str]) -> list[str]:
     return [problem for problem in problems if problem]
 
 
+def _masked_out(case: Case) -> tuple[Tensor, dict[str, Tensor]] | None:
+    """(bool mask, the float inputs of the mask's shape) of a case with a (B, T) mask, else None."""
+    if case.raises is not None or not isinstance(case.inputs.get("mask"), list):
+        return None
+    inputs = decode_inputs(case)
+    mask = inputs["mask"]
+    if not isinstance(mask, Tensor) or mask.dim() != 2:
+        return None
+    per_token = {
+        name: value
+        for name, value in inputs.items()
+        if name != "mask"
+        and isinstance(value, Tensor)
+        and value.is_floating_point()
+        and tuple(value.shape) == tuple(mask.shape)
+    }
+    return mask != 0, per_token
+
+
+def has_junk(case: Case) -> bool:
+    """Whether the case puts NaN or inf into a masked-out slot of a per-token input."""
+    found = _masked_out(case)
+    return found is not None and any(bool((~t.isfinite() & ~found[0]).any()) for t in found[1].values())
+
+
+def has_holes(case: Case) -> bool:
+    """Whether the case's mask has a hole (a 0 before a row's last 1)."""
+    found = _masked_out(case)
+    if found is None:
+        return False
+    keep = found[0]
+    return bool((keep.flip(1).cummax(dim=1).values.flip(1) & ~keep).any())
+
+
+def declared_case(case: Case, masked_fill: str | float) -> Case:
+    """The case with its masked-out slots as the declared ``masked_fill`` allows: ``zero`` or a pad
+    value fill them, ``finite`` turns NaN and inf there into 0, ``any`` keeps the case as written.
+    Masked-out values do not change the reference's expected values (IN-1)."""
+    found = _masked_out(case)
+    if masked_fill == "any" or found is None:
+        return case
+    keep, per_token = found
+    inputs = dict(case.inputs)
+    for name, value in per_token.items():
+        if masked_fill == "finite":
+            filled = torch.where(keep | value.isfinite(), value, torch.zeros((), dtype=value.dtype))
+        else:
+            pad = 0.0 if masked_fill == "zero" else float(masked_fill)
+            filled = torch.where(keep, value, torch.full((), pad, dtype=value.dtype))
+        inputs[name] = filled.to(torch.float64).tolist()
+    return dataclasses.replace(case, inputs=inputs)
+
+
+def _robustness_param(case: Case) -> Any:
+    clause = ROBUSTNESS_CLAUSES[case.op]
+    return pytest.param(case, id=case.id, marks=[pytest.mark.clause(clause), pytest.mark.ops(case.op)])
+
+
 @pytest.mark.parametrize("case", [_param(case) for case in load_cases()])
 def test_hand_case(ctx: Context, case: Case) -> None:
+    if case.op in ctx.conventions.prefix_masks and has_holes(case):
+        pytest.skip(f"not provided: the case's mask has holes (declared prefix_masks includes {case.op!r})")
+    robustness = case.clause.startswith("ROB-")  # a robustness case runs as written
+    _run_hand_case(ctx, case if robustness else declared_case(case, ctx.conventions.masked_fill))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        _robustness_param(case)
+        for case in load_cases()
+        if case.op in ROBUSTNESS_CLAUSES and has_junk(case) and not case.clause.startswith("ROB-")
+    ],
+)
+def test_hand_case_robustness(ctx: Context, case: Case) -> None:
+    """The case as written, NaN and inf in its masked-out slots, whatever ``masked_fill`` declares."""
+    if case.op in ctx.conventions.prefix_masks and has_holes(case):
+        pytest.skip(f"not provided: the case's mask has holes (declared prefix_masks includes {case.op!r})")
+    _run_hand_case(ctx, case)
+
+
+def _run_hand_case(ctx: Context, case: Case) -> None:
     if case.raises is not None:
         pytest.skip(
             "not applicable: IN-2 input validation is checked for ppo-ref's own functions only (tests/)"

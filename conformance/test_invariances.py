@@ -1,6 +1,10 @@
-"""IN-1: masked-out entries never matter. For every op that takes a mask: writing arbitrary values
-(NaN and +-inf included) into the masked-out slots, or appending masked-out columns of them, leaves
-every output and gradient unchanged and finite, and the appended columns' outputs are 0."""
+"""IN-1: masked-out entries never matter. For every op that takes a mask: writing other values into
+the masked-out slots, as the adapter's declared ``masked_fill`` allows (arbitrary values, NaN and
++-inf included, under the reference's ``any``), or appending masked-out columns of them, leaves
+every output and gradient unchanged and finite, and the appended columns' outputs are 0.
+
+The same check with junk whatever is declared is robustness (ROB-1..3, ``test_robustness.py``,
+which reuses :func:`check_masked_out_entries`)."""
 
 from __future__ import annotations
 
@@ -192,6 +196,17 @@ def _whitening_scale(ctx: Context, op: str, clean: dict[str, Any]) -> float:
 @examples()
 @given(data=st.data())
 def test_masked_out_entries_change_nothing(ctx: Context, op: str, data: st.DataObject) -> None:
+    check_masked_out_entries(ctx, op, data, cs.masked_fills)
+
+
+def check_masked_out_entries(
+    ctx: Context,
+    op: str,
+    data: st.DataObject,
+    fills: Callable[[tuple[int, ...], torch.dtype], st.SearchStrategy[Tensor]],
+) -> None:
+    """Inputs of ``op`` drawn as declared, then the same with ``fills`` in the masked-out slots and
+    with masked-out columns of ``fills`` appended: outputs and gradients unchanged and finite."""
     spec = OPS[op]
     clean = spec.draw(ctx, data)
     mask = clean["mask"]
@@ -199,7 +214,7 @@ def test_masked_out_entries_change_nothing(ctx: Context, op: str, data: st.DataO
     base, base_grad = _run(ctx, op, clean, spec.grad_wrt)
 
     junk = {
-        name: cs.fill_masked(clean[name], mask, data.draw(cs.junk_tensors(tuple(mask.shape), dtype)))
+        name: cs.fill_masked(clean[name], mask, data.draw(fills(tuple(mask.shape), dtype)))
         for name in spec.per_token
     }
     junked, junked_grad = _run(ctx, op, {**clean, **junk}, spec.grad_wrt)
@@ -212,10 +227,12 @@ def test_masked_out_entries_change_nothing(ctx: Context, op: str, data: st.DataO
     columns = data.draw(st.integers(1, 3), label="appended columns")
     padded = {**clean, "mask": cs.append_padding(mask, columns, 0)}
     for name in spec.per_token:
-        fill = data.draw(cs.junk_tensors((mask.shape[0], columns), dtype))
+        fill = data.draw(fills((mask.shape[0], columns), dtype))
         padded[name] = cs.append_padding(junk[name], columns, fill)
     if op == "token_rewards" and ctx.conventions.score_placement != "last-action-token":
         return  # the declared placement puts the score on the slot after the last action token
+    if op in ("value_loss", "gae") and ctx.conventions.value_after_last_action_token == "trained":
+        return  # the declared value slot after the last action token moves into the new columns
     diluted = frozenset(ctx.conventions.unmasked_statistics)  # declared: padding dilutes them
     padded_out, padded_grad = _run(ctx, op, padded, spec.grad_wrt)
     _compare(op, padded_out, base, dtype, f"with {columns} masked-out columns appended", diluted, scale)

@@ -282,8 +282,9 @@ def test_step_zero_identity(ctx: Context, batch: cs.PolicyBatch, data: st.DataOb
 def test_batch_without_action_tokens_gives_zero(
     ctx: Context, rows: int, steps: int, dtype: torch.dtype, data: st.DataObject
 ) -> None:
-    """No action token (T = 0 included): loss 0 with a zero, finite gradient; statistics 0, not NaN."""
-    junk = [data.draw(cs.junk_tensors((rows, steps), dtype)) for _ in range(3)]
+    """No action token (T = 0 included): loss 0 with a zero, finite gradient; statistics 0, not NaN.
+    Every slot is masked out and holds what the declared ``masked_fill`` allows (junk under ``any``)."""
+    junk = [data.draw(cs.masked_fills((rows, steps), dtype)) for _ in range(3)]
     mask = torch.zeros(rows, steps, dtype=torch.bool)
     kwargs = {
         "logp": junk[0],
@@ -314,7 +315,14 @@ def test_batch_without_action_tokens_gives_zero(
 def test_token_mean_of_chunks_recombined_by_token_counts_is_the_whole(
     ctx: Context, batch: cs.PolicyBatch, data: st.DataObject
 ) -> None:
-    """Split the rows into chunks; sum(loss_i * n_i) / sum(n_i) over chunks equals the whole loss."""
+    """Split the rows into chunks; sum(loss_i * n_i) / sum(n_i) over chunks equals the whole loss.
+
+    Under a declared ``call_context`` (the library's engine always passes the whole batch's token
+    count) each chunk is called with ``token_count`` = the whole batch's count, as the engine does,
+    and the chunks' losses add up to the whole (AGG-2's identity)."""
+    if ctx.conventions.call_context != "none":
+        _chunks_with_the_engines_count(ctx, batch, data)
+        return
     rows = batch.mask.shape[0]
     cuts = sorted(
         set(data.draw(st.lists(st.integers(1, max(rows - 1, 1)), max_size=3), label="cuts")) - {rows}
@@ -331,6 +339,30 @@ def test_token_mean_of_chunks_recombined_by_token_counts_is_the_whole(
         total, tokens = total + float(loss) * count, tokens + count
     recombined = total / max(tokens, 1)
     assert_close(whole, recombined, batch.logp.dtype, f"token-mean loss vs chunks {bounds} recombined")
+
+
+def _chunks_with_the_engines_count(ctx: Context, batch: cs.PolicyBatch, data: st.DataObject) -> None:
+    if "counts" not in ctx.conventions.policy_loss_options:
+        pytest.skip(
+            "not provided: the declared call_context passes the whole batch's token count, but the "
+            "adapter declares no 'counts' in policy_loss_options"
+        )
+    rows = batch.mask.shape[0]
+    cuts = sorted(
+        set(data.draw(st.lists(st.integers(1, max(rows - 1, 1)), max_size=3), label="cuts")) - {rows}
+    )
+    bounds = [0, *cuts, rows]
+    kwargs = _kwargs(batch)
+    whole = as_tensor(statistic(call_impl(ctx, "policy_loss", **kwargs), "loss", "policy_loss"), "loss")
+    tokens = int((batch.mask != 0).sum())
+    total = torch.zeros((), dtype=torch.float64)
+    for start, stop in itertools.pairwise(bounds):
+        chunk = {k: v[start:stop] if isinstance(v, Tensor) else v for k, v in kwargs.items()}
+        result = call_impl(ctx, "policy_loss", **chunk, token_count=tokens)
+        total = total + float(as_tensor(statistic(result, "loss", "policy_loss"), "loss"))
+    assert_close(
+        whole, total, batch.logp.dtype, f"token-mean loss vs chunks {bounds} with token_count={tokens}"
+    )
 
 
 @pytest.mark.clause("PG-2")

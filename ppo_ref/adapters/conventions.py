@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 import ppo_ref
+from ppo_ref.adapters.base import OP_NAMES as _OP_NAMES
 from ppo_ref.kl import last_action_index
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "convention_problems",
     "parse_conventions",
     "singleton_rows",
+    "with_value_slot",
 ]
 
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
@@ -90,6 +92,27 @@ CORRECTION_BOUNDS: tuple[str, ...] = ("truncate-low", "mask-open-low")
 ``low`` keeps every weight up to ``high``."""
 POLICY_STATISTICS: tuple[str, ...] = ("clipfrac", "approx_kl")
 VALUE_CLIP_MODES: tuple[str, ...] = ("clipped", "unclipped")
+MASKED_FILLS: tuple[str, ...] = ("any", "finite", "zero")
+"""What a library's own pipeline puts into the masked-out slots of an op's per-token inputs (besides
+a number, its pad value): ``any`` (anything, NaN and +-inf included: the reference), ``finite`` (finite
+values of the same kind as the action tokens', e.g. a forward pass's log-probs at pad tokens),
+``zero``. The value clauses are checked on such inputs; the robustness clauses (ROB-*) always write
+NaN, +-inf and arbitrary floats there."""
+CALL_CONTEXTS: tuple[str, ...] = ("none", "batch-token-count")
+"""What the adapter passes a loss besides the contract's arguments, as the library's own engine does:
+nothing (the reference), or the batch's action-token count (verl's engine passes the global batch's
+token count to ``agg_loss``)."""
+_PREFIX_MASK_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "masked_mean": ("MASK-1",),
+        "masked_whiten": ("MASK-2", "MASK-3"),
+        "kl_penalty": ("KL-1", "KL-2", "KL-3"),
+        "token_rewards": ("RWD-1", "RWD-2"),
+        "gae": ("GAE-2", "RPP-1"),
+        "policy_loss": ("PG-1", "PG-2", "PG-3", "PG-5", "PG-6"),
+        "value_loss": ("VF-1", "VF-2"),
+    }
+)
 
 
 class ConventionError(ValueError):
@@ -158,6 +181,27 @@ def _kl_clamp(value: object) -> object:
         return MappingProxyType({k: _positive(v) for k, v in sorted(value.items())})
     bound = _positive(value)
     return MappingProxyType(dict.fromkeys(KL_ESTIMATORS, bound))
+
+
+def _masked_fill(value: object) -> object:
+    if isinstance(value, str):
+        if value not in MASKED_FILLS:
+            raise ValueError(f"expected one of {list(MASKED_FILLS)} or a finite number, got {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"expected one of {list(MASKED_FILLS)} or a finite number, got {value!r}")
+    return float(value)
+
+
+def _prefix_masks(value: object) -> object:
+    if value == "all":
+        return frozenset(_OP_NAMES)
+    return _subset(_OP_NAMES, allow_empty=True)(value)
+
+
+def _prefix_mask_clauses(value: object) -> tuple[str, ...]:
+    ops = value if isinstance(value, Iterable) and not isinstance(value, str) else ()
+    return tuple(dict.fromkeys(c for op in _OP_NAMES if op in ops for c in _PREFIX_MASK_CLAUSES.get(op, ())))
 
 
 @dataclass(frozen=True)
@@ -488,6 +532,65 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 _choice("token-mean", "seq-mean-token-mean"),
                 _static("VF-1", "VF-2"),
             ),
+            # --- input conventions: what the library's own pipeline feeds its functions (issue 11) ---
+            Convention(
+                "masked_fill",
+                "any",
+                "'any', 'finite', 'zero' or a finite number (the pad value)",
+                "what the library's pipeline puts into the masked-out slots of per-token inputs; the "
+                "value clauses draw such inputs, the robustness clauses (ROB-*) NaN, +-inf and any "
+                "float whatever is declared",
+                "zero: TRL 1.12 PPOTrainer (masked_fill of values and rewards), torchrl and "
+                "stable-baselines3 buffers; finite: verl, OpenRLHF, skyrl-train (log-probs and values "
+                "of a forward pass at pad tokens)",
+                _masked_fill,
+                _static("IN-1"),
+            ),
+            Convention(
+                "prefix_masks",
+                frozenset(),
+                "'all' or a collection of op names",
+                "for these ops the library's masks are a prefix of each row (right padding, no holes): "
+                "the suite draws hole-free masks for them and skips the hole checks",
+                "all: TRL 1.12 PPOTrainer (masks from sequence_lengths); gae: torchrl "
+                "generalized_advantage_estimate and stable-baselines3 RolloutBuffer (no mask argument: "
+                "done/episode flags only), OpenRLHF get_advantages_and_returns",
+                _prefix_masks,
+                _prefix_mask_clauses,
+            ),
+            Convention(
+                "value_after_last_action_token",
+                "untrained",
+                "'untrained' or 'trained'",
+                "'trained': the slot after each row's last action token (where score_placement="
+                "'after-last-action-token' puts the score) is a state with a value: the value loss "
+                "covers it and GAE runs through it (its advantage stays 0, its return is the score)",
+                "TRL 1.12 PPOTrainer (padding_mask_p1 for the values and the value loss)",
+                _choice("untrained", "trained"),
+                _static("VF-1", "VF-2", "GAE-2", "GAE-4"),
+            ),
+            Convention(
+                "log_ratio_clamp_statistics",
+                "clamped",
+                "'clamped' or 'raw'",
+                "with log_ratio_clamp declared: approx_kl from the clamped log-ratio (clamped, like "
+                "the ratio) or from the raw logp - old_logp (raw)",
+                "raw: OpenRLHF PolicyLoss (ppo_kl from the unclamped log-ratio); clamped: verl, skyrl-train",
+                _choice("clamped", "raw"),
+                _static("PG-5"),
+            ),
+            Convention(
+                "call_context",
+                "none",
+                "'none' or 'batch-token-count'",
+                "what the adapter passes the library's loss besides the contract's arguments, as the "
+                "library's engine does: the batch's action-token count for the token mean (the suite's "
+                "batch is the whole batch, so the numbers are the reference's)",
+                "batch-token-count: verl FSDPEngine.forward_backward_batch passes batch_num_tokens "
+                "to agg_loss through config.global_batch_info",
+                _choice(*CALL_CONTEXTS),
+                _static("PG-2", "PG-6", "VF-1"),
+            ),
         )
     }
 )
@@ -536,6 +639,11 @@ class ConventionSet:
     value_clip_form: str = _reference("value_clip_form")
     value_clip_modes: frozenset[str] = _reference("value_clip_modes")
     value_loss_agg: str = _reference("value_loss_agg")
+    masked_fill: str | float = _reference("masked_fill")
+    prefix_masks: frozenset[str] = _reference("prefix_masks")
+    value_after_last_action_token: str = _reference("value_after_last_action_token")
+    log_ratio_clamp_statistics: str = _reference("log_ratio_clamp_statistics")
+    call_context: str = _reference("call_context")
 
     def deviations(self) -> dict[str, object]:
         """The keys whose value differs from the reference, with their values."""
@@ -620,6 +728,20 @@ def _bool_mask(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
 
 
+def with_value_slot(mask: Tensor) -> Tensor:
+    """Bool (B, T): ``mask`` plus the slot after each row's last action token, where it exists
+    (``value_after_last_action_token='trained'``; a row without action tokens gets none).
+
+    >>> with_value_slot(torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]])).int().tolist()
+    [[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
+    """
+    keep = _bool_mask(mask).clone()
+    last = last_action_index(keep)
+    rows = torch.nonzero((last >= 0) & (last + 1 < keep.shape[1])).squeeze(-1)
+    keep[rows, last[rows] + 1] = True
+    return keep
+
+
 class ReferenceVariant:
     """The reference functions with a :class:`ConventionSet` applied; same op signatures as an adapter.
 
@@ -689,8 +811,14 @@ class ReferenceVariant:
         lam: float,
         last_values: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """GAE-1..4; ``gae_whitening`` whitens the advantages (returns stay raw + values)."""
-        advantages, returns = ppo_ref.gae(rewards, values, mask, gamma, lam, last_values=last_values)
+        """GAE-1..4; ``gae_whitening`` whitens the advantages (returns stay raw + values);
+        ``value_after_last_action_token='trained'`` runs the reference recursion over the mask plus
+        the slot after the last action token, then zeroes the advantage there (its return stays)."""
+        trained = self.conventions.value_after_last_action_token == "trained"
+        steps = with_value_slot(mask) if trained else mask
+        advantages, returns = ppo_ref.gae(rewards, values, steps, gamma, lam, last_values=last_values)
+        if trained:
+            advantages = torch.where(_bool_mask(mask), advantages, torch.zeros((), dtype=advantages.dtype))
         if self.conventions.gae_whitening != "none":
             advantages = self._whiten(advantages, mask, True, self.conventions.gae_whitening)
         return advantages, returns
@@ -712,6 +840,7 @@ class ReferenceVariant:
         of the keyword)."""
         c = self.conventions
         keep = _bool_mask(mask)
+        raw_logp = logp
         if c.log_ratio_clamp is not None:  # same graph in logp, clamped: old + clamp(logp - old)
             log_ratio = torch.where(keep, logp - old_logp, torch.zeros((), dtype=logp.dtype))
             logp = old_logp + log_ratio.clamp(-c.log_ratio_clamp, c.log_ratio_clamp)
@@ -723,10 +852,13 @@ class ReferenceVariant:
             str(c.clipfrac)
         )
         approx_kl = None
-        if c.approx_kl == "k3":
+        raw = c.log_ratio_clamp is not None and c.log_ratio_clamp_statistics == "raw"
+        if c.approx_kl == "k3" and not raw:
             approx_kl = result.approx_kl
-        elif c.approx_kl is not None:  # k1: mean(old - new); k2: 0.5 mean((new - old)^2)
-            first, second = (old_logp, logp) if c.approx_kl == "k1" else (logp, old_logp)
+        elif c.approx_kl is not None:  # k1: mean(old - new); k2: 0.5 mean((new - old)^2); k3
+            if raw:  # the statistic reads the unclamped log-ratio (log_ratio_clamp_statistics)
+                logp = torch.where(keep, raw_logp, old_logp)
+            first, second = (logp, old_logp) if c.approx_kl == "k2" else (old_logp, logp)
             per_token = ppo_ref.kl_penalty(first.detach(), second.detach(), c.approx_kl, mask=keep)
             approx_kl = ppo_ref.masked_mean(per_token, keep)
         dilution = keep.sum() / max(keep.numel(), 1)
@@ -756,10 +888,14 @@ class ReferenceVariant:
     ) -> Tensor:
         """VF-1, VF-2 with ``value_loss_scale``, ``value_clip_form`` and ``value_loss_agg`` applied;
         ``loss_agg`` (None: the declared ``value_loss_agg``) and ``counts`` (``norm_constant``,
-        ``token_count``, ``row_count``) as in ``ppo_ref.value_loss`` (AGG-1..3)."""
+        ``token_count``, ``row_count``) as in ``ppo_ref.value_loss`` (AGG-1..3);
+        ``value_after_last_action_token='trained'`` adds the slot after each row's last action
+        token to the mask."""
         c = self.conventions
         counts = {k: v for k, v in counts.items() if v is not None}
         agg = c.value_loss_agg if loss_agg is None else loss_agg
+        if c.value_after_last_action_token == "trained":
+            mask = with_value_slot(mask)
         loss = ppo_ref.value_loss(
             values, old_values, returns, mask, clip_eps, agg, clip_form=c.value_clip_form, **counts
         )

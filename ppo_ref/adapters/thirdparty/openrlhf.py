@@ -80,6 +80,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "approx_kl": "k1",
         "loss_aggregations": ["token-mean", "seq-mean-token-mean"],
         "policy_loss_options": ["clip_eps_high", "dual_clip", "counts"],
+        "masked_fill": "finite",
         "log_ratio_clamp_statistics": "raw",
         **FAMILY_CONVENTIONS,
     }
@@ -105,6 +106,9 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "PolicyLoss.forward and ValueLoss.forward take batch_num_tokens and global_batch_size (the counts, "
         "from openrlhf/utils/loss_utils.py get_loss_batch_info); no norm_constant (OpenRLHF has no "
         "seq-mean-token-sum-norm)",
+        "masked_fill": "openrlhf/trainer/ppo_utils/experience_maker.py make_experience: action log-probs, "
+        "values and the reference log-probs come from forward passes over the padded sequences (finite at "
+        "pad tokens); compute_reward puts the score on the last action token of zeros",
         "log_ratio_clamp_statistics": "openrlhf/models/loss.py PolicyLoss.forward: the ratio uses "
         "`raw_policy_log_ratio.clamp(-20, 20)`, `ppo_kl = masked_mean(-raw_policy_log_ratio.detach(), "
         "action_mask)` the unclamped one",

@@ -115,6 +115,8 @@ class SB3Adapter:
             "value_loss_scale": 1.0,
             "value_clip_form": "clipped-only",
             "policy_loss_options": (),
+            "masked_fill": "finite",
+            "prefix_masks": ("gae",),
         }
     )
     not_provided: Mapping[str, str] = NOT_PROVIDED
@@ -144,6 +146,12 @@ class SB3Adapter:
                 f"{self._where('value_loss')}",
                 "policy_loss_options": "PPO.train has one symmetric clip_range, no dual clip and no "
                 f"whole-batch counts (the minibatch mean): {self._where('policy_loss')}",
+                "masked_fill": "the RolloutBuffer holds real transitions only: the steps after an episode "
+                "end are the next episode's finite rewards and values (stable_baselines3/common/"
+                "buffers.py RolloutBuffer.add)",
+                "prefix_masks": "stable_baselines3/common/buffers.py:403 RolloutBuffer."
+                "compute_returns_and_advantage(last_values, dones) reads episode_starts only, no mask: a "
+                "step inside an episode cannot be skipped (no holes)",
             }
         )
         blocks = "; ".join(f"{key} = {self._where(key)}" for key in BLOCKS)

@@ -83,6 +83,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         ],
         "policy_loss_options": ["clip_eps_high", "dual_clip"],
         **FAMILY_CONVENTIONS,
+        "masked_fill": "finite",
     }
 )
 """skyrl-train's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
@@ -111,6 +112,9 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "reduces each micro-batch on its own and divides by the accumulation steps "
         "(skyrl_train/workers/worker.py), so it takes no whole-batch counts: 'counts' not provided",
         **FAMILY_CONVENTION_SOURCES,
+        "masked_fill": "skyrl_train/trainer.py fwd_logprobs_values_reward: log-probs and values come from "
+        "forward passes over the padded sequences (finite at pad tokens); token-level rewards are 0 "
+        "except the score (skyrl_train/utils/ppo_utils.py)",
     }
 )
 """Where each declared convention shows in skyrl-train's code."""

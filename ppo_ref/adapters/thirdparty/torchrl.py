@@ -88,6 +88,8 @@ class TorchRLAdapter:
             "value_loss_scale": 1.0,
             "kl_estimators": ("k1",),
             "policy_loss_options": (),
+            "masked_fill": "finite",
+            "prefix_masks": ("gae",),
         }
     )
     convention_sources: Mapping[str, str] = MappingProxyType(
@@ -107,6 +109,11 @@ class TorchRLAdapter:
             "policy_loss_options": "torchrl/objectives/ppo.py ClipPPOLoss(clip_epsilon=...): this adapter "
             "predates CLIP-1..3 and AGG-1..3 and wires none of clip_eps_high, dual_clip, norm_constant, "
             "token_count, row_count: not provided",
+            "masked_fill": "a collector's steps after a done flag are the next episode's real, finite "
+            "transitions (torchrl/collectors); the value and loss inputs there come from forward passes",
+            "prefix_masks": "torchrl/objectives/value/functional.py:120 generalized_advantage_estimate("
+            "gamma, lmbda, state_value, next_state_value, reward, done, terminated) takes no mask: only "
+            "done/terminated flags, so a step inside an episode cannot be skipped (no holes)",
         }
     )
     not_provided: Mapping[str, str] = NOT_PROVIDED

@@ -157,6 +157,9 @@ class TrlAdapter:
                 "loss_aggregations": ("token-mean",),
                 "value_clip_modes": ("clipped",),
                 "policy_loss_options": (),
+                "masked_fill": "zero",
+                "prefix_masks": "all",
+                "value_after_last_action_token": "trained",
             }
         )
         self.convention_sources: Mapping[str, str] = MappingProxyType(self._convention_sources())
@@ -193,6 +196,17 @@ class TrlAdapter:
             f"values + cliprange_value), always applied: {self._where('value_loss')}",
             "policy_loss_options": "PPOTrainer.train has one symmetric cliprange, no dual clip and no "
             f"whole-batch counts (the micro-batch's masked_mean): {self._where('policy_loss')}",
+            "masked_fill": "logprobs/ref_logprobs = masked_fill(padding_mask, INVALID_LOGPROB), values = "
+            "masked_fill(padding_mask_p1, 0) (this adapter runs those lines itself); rewards are zeros "
+            "plus the KL of equal filled log-probs (0) and the score; advantages masked_fill(padding_mask, "
+            f"0): {self._where('padding_masks')}, {self._where('advantages_fill')}",
+            "prefix_masks": "every mask is `response_idxs > sequence_lengths` (or `+ 1`) from the index of "
+            "the last non-pad response token, so a row's action tokens are a prefix (no holes): "
+            f"{self._where('padding_masks')}",
+            "value_after_last_action_token": "values keep the slot sequence_lengths + 1 (masked_fill with "
+            "padding_mask_p1), the score goes there, GAE runs through it and the value loss is "
+            f"masked_mean(..., ~padding_mask_p1): {self._where('padding_masks')}, "
+            f"{self._where('value_loss')}",
         }
 
     def _provenance(self) -> str:

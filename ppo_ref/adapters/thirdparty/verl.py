@@ -65,6 +65,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
             "seq-mean-token-sum-norm",
         ],
         "policy_loss_options": ["clip_eps_high", "dual_clip", "counts"],
+        "masked_fill": "finite",
         "call_context": "batch-token-count",
         **FAMILY_CONVENTIONS,
     }
@@ -99,6 +100,10 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "clip_ratio_high (clip_eps_high), clip_ratio_c (dual_clip; always on, 3.0 unless given) and "
         "ActorConfig.global_batch_info (batch_num_tokens, global_batch_size, loss_scale_factor: the counts, "
         "as verl/workers/utils/losses.py ppo_loss fills them); compute_value_loss takes the same counts",
+        "masked_fill": "verl/workers/actor/dp_actor.py compute_log_prob and the critic's compute_values run "
+        "forward passes over the padded responses (finite log-probs and values at pad tokens); "
+        "token_level_rewards are 0 off the score (verl/trainer/ppo/ray_trainer.py apply_kl_penalty masks "
+        "the KL with response_mask)",
         "call_context": "verl/workers/engine/fsdp/transformer_impl.py:729-735 forward_backward_batch sets "
         "batch_num_tokens = the global batch's loss_mask.sum() (and dp_size) for every call; "
         "verl/workers/utils/losses.py:65-68 ppo_loss copies it into config.global_batch_info, which "

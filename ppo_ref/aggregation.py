@@ -77,10 +77,18 @@ def check_aggregation(
         )
     else:
         constant = None
-    tokens = _check_count(token_count, "token_count", int(torch.count_nonzero(keep)))
+    # This call's own counts are computed only for a count that was passed (each is a pass over the
+    # mask and a device sync).
+    tokens = (
+        None
+        if token_count is None
+        else _check_count(token_count, "token_count", int(torch.count_nonzero(keep)))
+    )
     if tokens is not None and loss_agg != "token-mean":
         raise ValueError(f"token_count: only used with loss_agg='token-mean', got loss_agg={loss_agg!r}")
-    if row_count is not None and loss_agg == "token-mean":
+    if row_count is None:
+        return constant, tokens, None
+    if loss_agg == "token-mean":
         raise ValueError("row_count: not used with loss_agg='token-mean' (use token_count)")
     local_rows = keep.shape[0] if loss_agg == "seq-mean-token-sum-norm" else int(keep.any(dim=1).sum())
     rows = _check_count(row_count, "row_count", local_rows)
@@ -135,9 +143,16 @@ def aggregate_loss(
     """
     keep = check_mask(mask)
     check_float(per_token, "per_token", shape=keep.shape)
-    check_finite_where(per_token, keep, "per_token")
+    # One zeroing pass serves the finiteness check and the reduction: a finite sum of the kept
+    # entries (the row sums' sum in the per-row modes) proves them finite; only a non-finite one
+    # needs the entry-by-entry look of check_finite_where.
+    zeroed = torch.where(keep, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
+    row_sums = zeroed.sum(dim=1) if loss_agg in _PER_ROW else None
+    total = zeroed.sum() if row_sums is None else row_sums.sum()
+    if not bool(torch.isfinite(total.detach())):
+        check_finite_where(per_token, keep, "per_token")
     constant, tokens, rows = check_aggregation(keep, loss_agg, norm_constant, token_count, row_count)
-    return aggregate(per_token, keep, loss_agg, constant, tokens, rows)
+    return _reduce(keep, loss_agg, constant, tokens, rows, total, row_sums)
 
 
 def aggregate(
@@ -149,15 +164,37 @@ def aggregate(
     row_count: float | None = None,
 ) -> Tensor:
     """:func:`aggregate_loss` without validation, for arguments :func:`check_aggregation` returned."""
+    if loss_agg in _PER_ROW:
+        return _reduce(
+            keep, loss_agg, norm_constant, token_count, row_count, None, masked_sum(per_token, keep, dim=1)
+        )
+    return _reduce(keep, loss_agg, norm_constant, token_count, row_count, masked_sum(per_token, keep), None)
+
+
+_PER_ROW = ("seq-mean-token-mean", "seq-mean-token-sum")
+"""The modes that reduce each row first (they need the per-row sums, not the total)."""
+
+
+def _reduce(
+    keep: Tensor,
+    loss_agg: str,
+    norm_constant: float | None,
+    token_count: float | None,
+    row_count: float | None,
+    total: Tensor | None,
+    row_sums: Tensor | None,
+) -> Tensor:
+    """The reduction of :func:`aggregate` from the masked sum ``total`` (token-mean,
+    seq-mean-token-sum-norm) or the masked per-row sums ``row_sums`` (the per-row modes)."""
     if loss_agg == "token-mean":
-        total = masked_sum(per_token, keep)
+        assert total is not None
         return total / (token_count if token_count is not None else keep.sum().clamp(min=1))
     if loss_agg == "seq-mean-token-sum-norm":
-        assert norm_constant is not None
+        assert norm_constant is not None and total is not None
         rows = row_count if row_count is not None else max(keep.shape[0], 1)
-        return masked_sum(per_token, keep) / (rows * norm_constant)
+        return total / (rows * norm_constant)
+    assert row_sums is not None
     row_tokens = keep.sum(dim=1)
-    row_sums = masked_sum(per_token, keep, dim=1)
     row_values = row_sums / row_tokens.clamp(min=1) if loss_agg == "seq-mean-token-mean" else row_sums
     nonempty = row_tokens > 0
     denominator = row_count if row_count is not None else nonempty.sum().clamp(min=1)

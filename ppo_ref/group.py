@@ -29,6 +29,18 @@ def _check_group_ids(group_ids: object, rows: int) -> Tensor:
     return group_ids
 
 
+def _groups(ids: Tensor) -> tuple[Tensor, Tensor]:
+    """``torch.unique(ids, return_inverse=True, return_counts=True)[1:]``: each row's group index
+    (groups in increasing id order) and each group's size. Ids already in non-decreasing order
+    (the usual layout: a prompt's samples side by side) take ``unique_consecutive``, which gives the
+    same two tensors without sorting."""
+    if ids.numel() < 2 or bool((ids[1:] >= ids[:-1]).all()):
+        _, inverse, counts = torch.unique_consecutive(ids, return_inverse=True, return_counts=True)
+    else:
+        _, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+    return inverse, counts
+
+
 def _sqrt(var: Tensor) -> Tensor:
     """sqrt(var) with a zero (not NaN) gradient where var == 0 (singleton and constant groups,
     whose advantages are then replaced by 0, must not send NaN into the scores' gradient)."""
@@ -106,29 +118,35 @@ def group_advantages(
     r = scores.to(dtype)
     if r.numel() == 0:
         return r.clone()
-    _, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
-    n = counts.to(dtype)[inverse]  # each row's group size
-    alone = n < 2
-    if singleton == "error" and bool(alone.any()):
+    inverse, counts = _groups(ids)
+    # Per-group quantities are computed on the G groups and gathered to the B rows once
+    # (index_select): elementwise ops commute with the gather, so the results are those of computing
+    # them row by row.
+    alone_g = counts < 2
+    has_singletons = bool(alone_g.any())
+    if singleton == "error" and has_singletons:
+        alone = alone_g.index_select(0, inverse)
         row = int(alone.nonzero()[0])
         raise ValueError(
             f"group_ids: group {ids[row].item()} (row {row}) has a single sample, so it has no baseline "
             "(pass singleton='zero' to give such rows A = 0)"
         )
+    count_g = counts.to(dtype)
     sums = torch.zeros(counts.shape[0], dtype=dtype, device=r.device).index_add(0, inverse, r)
-    mean = (sums / counts.to(dtype))[inverse]
-    centered = r - mean
+    centered = r - (sums / count_g).index_select(0, inverse)
     zero = torch.zeros((), dtype=dtype, device=r.device)
     if method == "dr_grpo" or (method == "grpo" and std_scope == "none"):
         advantages = centered
     elif method == "rloo":
-        advantages = centered * n / (n - 1).clamp(min=1)
+        advantages = (
+            centered * count_g.index_select(0, inverse) / (count_g - 1).clamp(min=1).index_select(0, inverse)
+        )
     elif std_scope == "group":
         squares = torch.zeros(counts.shape[0], dtype=dtype, device=r.device).index_add(
             0, inverse, centered**2
         )
-        var = (squares / (counts.to(dtype) - 1).clamp(min=1))[inverse]
-        advantages = centered / (_sqrt(var) + epsilon)
+        var = squares / (count_g - 1).clamp(min=1)
+        advantages = centered / (_sqrt(var) + epsilon).index_select(0, inverse)
     else:  # grpo with the batch's standard deviation
         batch_std = _sqrt(r.var(unbiased=True)) if r.numel() > 1 else zero
         advantages = centered / (batch_std + epsilon)
@@ -136,5 +154,7 @@ def group_advantages(
     # in the last bit, and with eps = 0 its 0 / 0 would be NaN).
     group_max = torch.full_like(sums, -torch.inf).scatter_reduce(0, inverse, r, "amax")
     group_min = torch.full_like(sums, torch.inf).scatter_reduce(0, inverse, r, "amin")
-    constant = (group_max == group_min)[inverse]
-    return torch.where(alone | constant, zero, advantages)
+    zeroed_g = group_max == group_min
+    if has_singletons:
+        zeroed_g |= alone_g
+    return torch.where(zeroed_g.index_select(0, inverse), zero, advantages)

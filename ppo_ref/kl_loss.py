@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ppo_ref._validate import check_finite_where, check_float, check_mask, compute_dtype
-from ppo_ref.aggregation import aggregate, check_aggregation
+from ppo_ref.aggregation import _PER_ROW, _reduce, check_aggregation
 
 __all__ = ["KL_LOSS_ESTIMATORS", "KLLossEstimator", "kl_loss"]
 
@@ -66,8 +66,6 @@ def kl_loss(
     constant, tokens_total, rows_total = check_aggregation(
         keep, loss_agg, norm_constant, token_count, row_count
     )
-    check_finite_where(logp, keep, "logp")
-    check_finite_where(ref_logp, keep, "ref_logp")
     dtype = compute_dtype(logp, ref_logp)
     zero = torch.zeros((), dtype=dtype, device=keep.device)
     delta = torch.where(keep, logp.to(dtype), zero) - torch.where(keep, ref_logp.to(dtype), zero)
@@ -82,4 +80,13 @@ def kl_loss(
         else:  # k3+: k3's value, k2's gradient
             k2 = 0.5 * delta * delta
             per_token = k3.detach() + (k2 - k2.detach())
-    return aggregate(per_token, keep, loss_agg, constant, tokens_total, rows_total)
+    # Off the mask delta = +0, so every estimator's term is exactly +0 there: per_token is already
+    # masked (the sums below equal the masked sums), and its sum proves the inputs finite (an inf or
+    # NaN in either on the mask makes its term inf or NaN); only a non-finite sum needs the
+    # entry-by-entry checks, in the order logp, ref_logp.
+    row_sums = per_token.sum(dim=1) if loss_agg in _PER_ROW else None
+    total = per_token.sum() if row_sums is None else row_sums.sum()
+    if not bool(torch.isfinite(total.detach())):
+        check_finite_where(logp, keep, "logp")
+        check_finite_where(ref_logp, keep, "ref_logp")
+    return _reduce(keep, loss_agg, constant, tokens_total, rows_total, total, row_sums)

@@ -71,6 +71,16 @@ def _check_pair(
     With ``check_finite=False`` the caller must call :func:`_check_finite_pair` with a sum over the
     log-ratios that is inf or NaN wherever a log-ratio is.
     """
+    keep, _, log_ratio, zero = _pair(logp, old_logp, mask)
+    if check_finite:
+        _check_finite_pair(log_ratio.detach().sum(), logp, old_logp, keep)
+    return keep, log_ratio, torch.count_nonzero(keep), zero
+
+
+def _pair(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Validate the shapes and dtypes of (logp, old_logp, mask); return the bool mask, ``logp``
+    zeroed off the mask in the compute dtype, the log-ratio (+0 off the mask) and a 0-dim zero.
+    No finiteness check: the caller proves the inputs finite with :func:`_check_finite_pair`."""
     keep = check_mask(mask)
     check_float(logp, "logp", shape=keep.shape)
     check_float(old_logp, "old_logp", shape=keep.shape)
@@ -78,10 +88,8 @@ def _check_pair(
     kept_old_logp = torch.where(keep, old_logp, torch.zeros((), dtype=old_logp.dtype, device=old_logp.device))
     dtype = compute_dtype(logp, old_logp)
     zero = torch.zeros((), dtype=dtype, device=keep.device)
-    log_ratio = kept_logp.to(dtype) - kept_old_logp.to(dtype)
-    if check_finite:
-        _check_finite_pair(log_ratio.detach().sum(), logp, old_logp, keep)
-    return keep, log_ratio, torch.count_nonzero(keep), zero
+    kept_logp = kept_logp.to(dtype)
+    return keep, kept_logp, kept_logp - kept_old_logp.to(dtype), zero
 
 
 def _check_finite_pair(evidence: Tensor, logp: Tensor, old_logp: Tensor, keep: Tensor) -> None:

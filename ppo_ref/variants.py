@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ppo_ref._validate import check_float, check_real, check_rows
-from ppo_ref.aggregation import aggregate, check_aggregation
-from ppo_ref.losses import _check_pair, _checked_advantages
+from ppo_ref._validate import check_finite_where, check_float, check_real, check_rows
+from ppo_ref.aggregation import _PER_ROW, _reduce, check_aggregation
+from ppo_ref.losses import _check_finite_pair, _pair
 from ppo_ref.masked import masked_sum
 
 __all__ = ["CISPOLossResult", "GSPOLossResult", "cispo_loss", "gspo_loss"]
@@ -69,7 +69,13 @@ def gspo_loss(
         >>> r.loss, r.clipfrac
         (tensor(-1.2000), tensor(1.))
     """
-    keep, log_ratio, count, zero = _check_pair(logp, old_logp, mask)
+    keep, _, log_ratio, zero = _pair(logp, old_logp, mask)
+    with torch.no_grad():
+        # k3 terms (+0 off the mask, where the log-ratio is +0): their sum is the approx-KL
+        # statistic and proves logp and old_logp finite (an inf or NaN log-ratio makes its term
+        # inf or NaN); only a non-finite sum needs the entry-by-entry checks.
+        kl_sum = torch.expm1(log_ratio).sub_(log_ratio).sum()
+    _check_finite_pair(kl_sum, logp, old_logp, keep)
     eps = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
     eps_high = (
         eps if clip_eps_high is None else check_real(clip_eps_high, "clip_eps_high", low=0.0, low_open=True)
@@ -78,7 +84,8 @@ def gspo_loss(
     adv = check_rows(advantages, "advantages", keep.shape[0]).to(log_ratio.dtype)
     row_tokens = keep.sum(dim=1)
     nonempty = row_tokens > 0
-    seq_log_ratio = masked_sum(log_ratio, keep, dim=1) / row_tokens.clamp(min=1)
+    # log_ratio is +0 off the mask, so its row sums are the masked row sums.
+    seq_log_ratio = log_ratio.sum(dim=1) / row_tokens.clamp(min=1)
     seq_ratio = torch.exp(seq_log_ratio)
     unclipped = seq_ratio * adv
     clipped = torch.clamp(seq_ratio, 1.0 - eps, 1.0 + eps_high) * adv
@@ -93,7 +100,7 @@ def gspo_loss(
             clipfrac=torch.count_nonzero(nonempty & (clipped < unclipped)).to(zero.dtype) / seqs,
             ratio_mean=kept_ratio.sum() / seqs,
             ratio_max=kept_ratio.amax() if kept_ratio.numel() else zero,
-            approx_kl=masked_sum(torch.expm1(log_ratio) - log_ratio, keep) / count.clamp(min=1),
+            approx_kl=kl_sum / row_tokens.sum().clamp(min=1),
         )
 
 
@@ -152,28 +159,41 @@ def cispo_loss(
         >>> r.loss.backward(); r.loss.detach(), logp.grad
         (tensor(0.8318), tensor([[-1.2000]]))
     """
-    keep, log_ratio, count, zero = _check_pair(logp, old_logp, mask)
+    keep, kept_logp, log_ratio, zero = _pair(logp, old_logp, mask)
+    with torch.no_grad():
+        # k3 terms (+0 off the mask): the approx-KL statistic, and the proof that logp and
+        # old_logp are finite on the mask (see gspo_loss).
+        kl_sum = torch.expm1(log_ratio).sub_(log_ratio).sum()
+    _check_finite_pair(kl_sum, logp, old_logp, keep)
     low = check_real(clip_low, "clip_low", low=0.0)
     high = check_real(clip_high, "clip_high", low=0.0)
     constant, tokens_total, rows_total = check_aggregation(
         keep, loss_agg, norm_constant, token_count, row_count
     )
-    adv = _checked_advantages(advantages, keep, log_ratio.dtype)
-    check_float(logp, "logp")
-    kept_logp = torch.where(keep, logp, torch.zeros((), dtype=logp.dtype, device=logp.device)).to(adv.dtype)
+    check_float(advantages, "advantages", shape=keep.shape)
+    dtype = log_ratio.dtype
+    adv = torch.where(keep, advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device))
+    adv = adv.to(dtype)
     with torch.no_grad():
         ratio = torch.exp(log_ratio)
         weight = torch.clamp(ratio, min=1.0 - low, max=1.0 + high)
+    # Off the mask adv = kept_logp = 0, so per_token is 0 there and its sums are the masked sums.
     per_token = -weight * adv * kept_logp
-    loss = aggregate(per_token, keep, loss_agg, constant, tokens_total, rows_total)
+    row_sums = per_token.sum(dim=1) if loss_agg in _PER_ROW else None
+    total = per_token.sum() if row_sums is None else row_sums.sum()
+    # An inf or NaN advantage on the mask makes its term inf or NaN (the weight and logp are finite
+    # there), so a finite sum proves the advantages finite; otherwise check them one by one.
+    if not bool(torch.isfinite(total.detach())):
+        check_finite_where(advantages, keep, "advantages")
+    loss = _reduce(keep, loss_agg, constant, tokens_total, rows_total, total, row_sums)
     with torch.no_grad():
-        tokens = count.clamp(min=1)
+        tokens = torch.count_nonzero(keep).clamp(min=1)
         kept_ratio = torch.where(keep, ratio, zero)
-        changed = keep & (weight != ratio)
+        # Off the mask ratio = 1 = weight (1 is inside [1 - low, 1 + high]): no mask needed.
         return CISPOLossResult(
             loss=loss,
-            clipfrac=torch.count_nonzero(changed).to(zero.dtype) / tokens,
+            clipfrac=torch.count_nonzero(weight != ratio).to(zero.dtype) / tokens,
             ratio_mean=kept_ratio.sum() / tokens,
             ratio_max=kept_ratio.amax() if ratio.numel() else zero,
-            approx_kl=masked_sum(torch.expm1(log_ratio) - log_ratio, keep) / tokens,
+            approx_kl=kl_sum / tokens,
         )

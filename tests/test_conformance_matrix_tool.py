@@ -211,7 +211,21 @@ def test_robustness_only_cell_and_an_unexplained_test() -> None:
     assert f"- lib GAE-2: {extra}" in text
     matrix = tool.build_matrix(_reports([GAE_TESTS[2]]), _findings())
     assert matrix["reach_counts"]["lib"] == {"robustness": 1}
-    assert "- `lib`: robustness 1" in tool.render_markdown(matrix)
+    assert "- `lib`: value clauses: robustness 1" in tool.render_markdown(matrix)
+
+
+def test_robustness_clauses_are_counted_apart() -> None:
+    tool = _tool()
+    reports = _reports()
+    reports["lib"]["clauses"].append(
+        _clause("ROB-1", "fail", kind="robustness", failing_tests=[GAE_TESTS[2]], first_failure="nan")
+    )
+    matrix = tool.build_matrix(reports, _findings())
+    assert matrix["reach_counts"]["lib"] == {"trainer-path": 1}
+    assert matrix["robustness_reach_counts"]["lib"] == {"robustness": 1}
+    text = tool.render_markdown(matrix)
+    assert "- `lib`: value clauses: trainer-path 1; robustness clauses: robustness 1" in text
+    assert "| ROB-1 (robustness) | title of ROB-1 |" in text
 
 
 def test_markdown_links_failures_conventions_and_sources() -> None:

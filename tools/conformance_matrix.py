@@ -419,10 +419,13 @@ def _cell(entry: Mapping[str, Any], impl: str, findings: Mapping[str, Finding]) 
     return cell
 
 
-def reach_counts(matrix: Mapping[str, Any], impl: str) -> dict[str, int]:
-    """FAIL cells of ``impl`` by reach, in SEVERITY order (only the reaches that occur)."""
+def reach_counts(matrix: Mapping[str, Any], impl: str, kind: str = "value") -> dict[str, int]:
+    """FAIL cells of ``impl`` in the clauses of ``kind`` (``value``: every clause not of kind
+    ``robustness``), by reach, in SEVERITY order (only the reaches that occur)."""
     counts = {reach: 0 for reach in SEVERITY}
     for row in matrix["clauses"]:
+        if (row.get("kind") == "robustness") != (kind == "robustness"):
+            continue
         cell = row["verdicts"].get(impl)
         if cell and cell["verdict"] == "fail":
             reach = cell.get("reach", "unknown")
@@ -481,6 +484,7 @@ def build_matrix(
         "columns": {name: columns[name] for name in order},
         "clauses": [rows[c] for c in clause_order],
         "reach_counts": {},
+        "robustness_reach_counts": {},
         "unexplained_failures": unexplained,
         "findings": {
             f.id: {
@@ -496,6 +500,7 @@ def build_matrix(
         },
     }
     matrix["reach_counts"] = {name: reach_counts(matrix, name) for name in order}
+    matrix["robustness_reach_counts"] = {name: reach_counts(matrix, name, "robustness") for name in order}
     return dict(scrub(matrix))
 
 
@@ -540,6 +545,13 @@ def _counts_text(counts: Mapping[str, int]) -> str:
     return ", ".join(f"{reach} {n}" for reach, n in counts.items()) or "none"
 
 
+def _summary_text(matrix: Mapping[str, Any], name: str) -> str:
+    value = _counts_text(matrix.get("reach_counts", {}).get(name, {}))
+    robust = matrix.get("robustness_reach_counts", {}).get(name, {})
+    text = f"value clauses: {value}"
+    return text + (f"; robustness clauses: {_counts_text(robust)}" if robust else "")
+
+
 def render_markdown(matrix: Mapping[str, Any]) -> str:
     names: list[str] = matrix["implementations"]
     columns = matrix["columns"]
@@ -572,7 +584,7 @@ def render_markdown(matrix: Mapping[str, Any]) -> str:
         tools = ", ".join(f"{d} {v}" for d, v in col.get("test_versions", {}).items()) or "?"
         summary = ", ".join(f"{n} {v}" for v, n in col["summary"].items() if n)
         wall = f"{col['wall_seconds']:.0f} s" if col.get("wall_seconds") is not None else "?"
-        counts = _counts_text(matrix.get("reach_counts", {}).get(name, {}))
+        counts = _summary_text(matrix, name)
         lines.append(
             f"| `{name}` | {_md(versions)} | {_md(tools)} | {col['report_date']} | {wall} | {_md(summary)} "
             f"| {_md(counts)} |"
@@ -581,10 +593,19 @@ def render_markdown(matrix: Mapping[str, Any]) -> str:
     lines.append("|---|---|" + "---|" * len(names))
     for row in matrix["clauses"]:
         cells = [render_cell(n, row["id"], row["verdicts"].get(n), sources) for n in names]
-        lines.append(f"| {row['id']} | {_md(row['title'])} | " + " | ".join(_md(c) for c in cells) + " |")
-    lines += ["", "## Failures by reach", ""]
+        label = f"{row['id']} (robustness)" if row.get("kind") == "robustness" else row["id"]
+        lines.append(f"| {label} | {_md(row['title'])} | " + " | ".join(_md(c) for c in cells) + " |")
+    lines += [
+        "",
+        "## Failures by reach",
+        "",
+        "FAIL cells per implementation, by the most severe reach of the findings linked to each: value "
+        "clauses (inputs that obey the adapter's declared input conventions) apart from the robustness "
+        "clauses (ROB-*: NaN, inf and junk in masked-out slots whatever is declared).",
+        "",
+    ]
     for name in names:
-        lines.append(f"- `{name}`: {_counts_text(matrix.get('reach_counts', {}).get(name, {}))}")
+        lines.append(f"- `{name}`: {_summary_text(matrix, name)}")
     if matrix.get("unexplained_failures"):
         lines += ["", "Failing tests no finding explains:", ""]
         lines += [f"- {_md(u)}" for u in matrix["unexplained_failures"]]
@@ -747,8 +768,8 @@ def main(argv: list[str] | None = None) -> int:
     MATRIX_MD.write_text(render_markdown(matrix), encoding="utf-8")
     for line in matrix["unexplained_failures"]:
         print(f"warning: failing test no finding explains: {line}", file=sys.stderr)
-    for name, counts in matrix["reach_counts"].items():
-        print(f"{name}: FAIL cells by reach: {_counts_text(counts)}")
+    for name in matrix["implementations"]:
+        print(f"{name}: FAIL cells by reach: {_summary_text(matrix, name)}")
     print(f"wrote {MATRIX_JSON.relative_to(REPO)} and {MATRIX_MD.relative_to(REPO)}")
     return 0
 

@@ -67,6 +67,11 @@ PYTHON_MAJOR_MINOR = (3, 11)  # the CPU wheel on disk is cp311
 
 # What ppo-ref needs besides torch when installed with --no-deps (its core imports only torch).
 PROJECT_EXTRAS = ("numpy", "pytest", "hypothesis")
+# Their exact versions in every environment (issue 11, part 5): the suite's examples come from
+# Hypothesis and its verdicts from pytest, so every environment runs the versions of ppo-ref's own
+# .venv (the matrix records them as test_versions). Not part of the recipe digest: a changed pin
+# makes the check fail and the environment is repaired in place (pip), not rebuilt.
+TEST_PINS: dict[str, str] = {"numpy": "2.4.6", "pytest": "9.2.0", "hypothesis": "6.170.17"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,7 +363,7 @@ class Builder:
             "expected_torch": TORCH_EXPECTED_VERSION,
             "imports": list(self.r.imports),
             "probe_imports": list(self.r.probe_imports),
-            "report": list(self.r.report),
+            "report": [*self.r.report, *(name for name in TEST_PINS if name not in self.r.report)],
             "project": project,
         }
         code = CHECK_SCRIPT.replace("@@PROBE@@", json.dumps(probe))
@@ -393,6 +398,10 @@ class Builder:
         for mod, res in (check.get("imports") or {}).items():
             if res != "ok":
                 bad.append(f"import {mod} failed: {res}")
+        versions = check.get("versions") or {}
+        for name, pin in TEST_PINS.items():
+            if with_project and versions.get(name) != pin:
+                bad.append(f"{name} {versions.get(name)}, expected {pin} (TEST_PINS)")
         proj = check.get("project") or {}
         if with_project and proj.get("expected") and not proj.get("ok"):
             bad.append(f"ppo-ref project not installed editable from {REPO}: {proj.get('detail')}")
@@ -464,7 +473,8 @@ class Builder:
                     "--no-project)"
                 )
                 self.say(f"ERROR: {project_error}")
-            self.pip("ppo-ref needs: " + " ".join(PROJECT_EXTRAS), *PROJECT_EXTRAS)
+            pinned = [f"{name}=={TEST_PINS[name]}" if name in TEST_PINS else name for name in PROJECT_EXTRAS]
+            self.pip("ppo-ref needs: " + " ".join(pinned), *pinned)
         # 4. record and check.
         with (self.dir / "freeze.txt").open("w") as fh:
             subprocess.run(
@@ -629,7 +639,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  pip install {TORCH_PIN}")
             for s in r.steps:
                 print(f"  pip install {' '.join(s)}")
-            print(f"  pip install --no-deps -e .; pip install {' '.join(PROJECT_EXTRAS)}")
+            pins = (f"{name}=={TEST_PINS[name]}" if name in TEST_PINS else name for name in PROJECT_EXTRAS)
+            print(f"  pip install --no-deps -e .; pip install {' '.join(pins)}")
             print(f"  check imports: {', '.join(r.imports)}")
             if r.probe_imports:
                 print(f"  probe imports: {', '.join(r.probe_imports)}")

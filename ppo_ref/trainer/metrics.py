@@ -356,8 +356,10 @@ def loss_family_metrics(rollout: Rollout, stats: UpdateStats) -> dict[str, float
     """The statistics of the optional loss terms, present only in runs that use them (a default
     run's record is unchanged): ``dual_clip_frac`` (share of action tokens where the dual clip
     binds), ``kl_loss`` (the KL loss of ``kl_in = "loss"``, before kl_coef), and with a rollout
-    correction the mean, min and max of its weights over the action tokens and
-    ``rollout_weight_zero_frac`` (the share a mask mode rejected)."""
+    correction the mean, standard deviation, min and max of its weights over the action tokens
+    and ``rollout_weight_zero_frac`` (the share a mask mode rejected). The mean of untruncated
+    token weights stays near 1 even when sampler and policy differ (E_q[p / q] = 1): their spread
+    (std, min, max) is what shows the difference."""
     record: dict[str, float] = {}
     if stats.dual_clip_frac is not None:
         record["dual_clip_frac"] = stats.dual_clip_frac
@@ -368,6 +370,7 @@ def loss_family_metrics(rollout: Rollout, stats: UpdateStats) -> dict[str, float
         kept = weights[rollout.mask]
         if kept.numel():
             record["rollout_weight_mean"] = float(kept.mean())
+            record["rollout_weight_std"] = float(kept.std()) if kept.numel() > 1 else 0.0
             record["rollout_weight_min"] = float(kept.min())
             record["rollout_weight_max"] = float(kept.max())
             record["rollout_weight_zero_frac"] = float((kept == 0).float().mean())

@@ -185,7 +185,8 @@ RUNS: dict[str, tuple[list[str], set[str]]] = {
     ),
     "tis": (
         ["--rollout-correction", "sequence-truncate", "--rollout-temperature", "1.2"],
-        {"rollout_weight_mean", "rollout_weight_min", "rollout_weight_max", "rollout_weight_zero_frac"},
+        {"rollout_weight_mean", "rollout_weight_std", "rollout_weight_min", "rollout_weight_max"}
+        | {"rollout_weight_zero_frac"},
     ),
 }
 
@@ -205,7 +206,7 @@ def test_each_loss_trains_from_the_command_line(tmp_path: Path, local_run: list[
         assert recorded == (value if isinstance(recorded, str) else float(value)), flag
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     optional = {"dual_clip_frac", "kl_loss", "rollout_weight_mean", "rollout_weight_min"}
-    optional |= {"rollout_weight_max", "rollout_weight_zero_frac"}
+    optional |= {"rollout_weight_std", "rollout_weight_max", "rollout_weight_zero_frac"}
     for record in records:
         assert record["optimizer_steps"] == 4 and isinstance(record["policy_loss"], float)
         assert optional & set(record) == extra

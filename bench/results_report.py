@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -417,3 +418,155 @@ def _method(lines: list[str]) -> None:
         "- Peak memory: `ru_maxrss` of each trainer process (the trainer's process runs nothing else); "
         "token_logprobs: see its section."
     )
+
+
+GRPO_BEGIN = "<!-- grpo-section: written by tools/run_bench.py (write_grpo_section) -->"
+GRPO_END = "<!-- grpo-section end -->"
+GRPO_TARGET = 1.15
+
+
+def grpo_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """Medians and per-round ratios of one beta's GRPO comparison (``run["grpo"][i]``)."""
+    rounds = result["rounds"]
+    ours = [x for r in rounds for x in r["ppo_ref"]]
+    trl = [x for r in rounds for x in r["trl"]]
+    per_round = [r["ratio_trl_over_ppo_ref"] for r in rounds]
+    over_bare = [r["ppo_ref_over_bare"] for r in rounds]
+    over_bare_own = [r["ppo_ref_over_bare_own"] for r in rounds]
+    trl_over_bare = [r["trl_over_bare"] for r in rounds]
+    bare_parts = {
+        key: statistics.median(r["bare"][key] for r in rounds)
+        for key in ("generate", "generate_own", "reference", "update", "bare", "bare_own")
+    }
+    info = result["info"]
+    return {
+        "beta": result["beta"],
+        "ours_median": statistics.median(ours),
+        "ours_iqr": (_q(ours, 0.25), _q(ours, 0.75)),
+        "trl_median": statistics.median(trl),
+        "trl_iqr": (_q(trl, 0.25), _q(trl, 0.75)),
+        "ratio": statistics.median(per_round),
+        "per_round": per_round,
+        "over_bare": statistics.median(over_bare),
+        "over_bare_own": statistics.median(over_bare_own),
+        "trl_over_bare": statistics.median(trl_over_bare),
+        "bare": bare_parts,
+        "rss_ours": info["ppo_ref"]["peak_rss_bytes"],
+        "rss_trl": info["trl"]["peak_rss_bytes"],
+        "rss_bare": info["bare"]["peak_rss_bytes"],
+        "stages": info["ppo_ref"].get("stage_seconds_median", {}),
+        "loads": [r["loadavg_1min"] for r in rounds],
+    }
+
+
+def grpo_section(run: dict[str, Any]) -> list[str]:
+    """The markdown of the GRPO comparison of ``run`` (every figure from that run)."""
+    results = [grpo_summary(r) for r in run["grpo"]]
+    machine = run["machine"]
+    first = run["grpo"][0]["info"]
+    trl_info = first["trl"]
+    lines = [GRPO_BEGIN, "", "## Critic-free iteration: ppo-ref's `grpo` against TRL 1.16's GRPOTrainer", ""]
+    add = lines.append
+    add(
+        f"Produced by `{run['command']}` on {run['date_utc']} (commit {machine['git_commit']}"
+        f"{', with uncommitted changes' if machine['git_worktree_dirty'] else ''}); raw data in "
+        "`bench/results/run*.json` (`grpo`). Load average (1 min) during the rounds: "
+        + ", ".join(f"beta {r['beta']:g} {min(r['loads']):.1f}-{max(r['loads']):.1f}" for r in results)
+        + f"; at the start {run['loadavg_start'][0]:.1f}, at the end {run['loadavg_end'][0]:.1f}."
+    )
+    add("")
+    add(
+        "Settings (`bench/tiny_grpo.py`): one random-init `GPT2Config(n_layer=2, n_head=2, n_embd=64, "
+        "n_positions=64, vocab_size=64)`, dropout 0, float32; PAD (0) and EOS (1) in the vocabulary, so "
+        "responses end at their first EOS, up to 32 new tokens; 8 fixed 8-token prompts x 8 responses "
+        "(group size 8, 64 per iteration); temperature 1; one epoch, one optimizer step over one "
+        "micro-batch of 64; clip 0.2; token-mean loss (TRL's `dapo`); fused AdamW lr 1e-4, weight decay 0, "
+        "no gradient clipping; KL to the initial policy as a k3 loss term with coefficient beta; reward: "
+        "the fraction of `t5` tokens. ppo-ref runs `PPOTrainer.train()` with `--advantage-estimator grpo "
+        "--group-size 8 --kl-in loss` and every runtime check and metric on (step-0 log-prob check, "
+        "reference fingerprint, non-finite guards, metrics.jsonl, rollouts.jsonl audit, TensorBoard, "
+        "progress bar). TRL runs its own `train()`; the settings it reported back: "
+        + ", ".join(f"`{k}={v}`" for k, v in trl_info.get("settings", {}).items())
+        + "."
+    )
+    add("")
+    add(
+        "Versions: ppo-ref side "
+        + ", ".join(f"{k} {v}" for k, v in first["ppo_ref"].get("versions", {}).items())
+        + "; TRL side "
+        + ", ".join(f"{k} {v}" for k, v in trl_info.get("versions", {}).items())
+        + "."
+    )
+    add("")
+    add(
+        "Three processes (ppo-ref's trainer, TRL's trainer, the bare model work), "
+        f"{len(run['grpo'][0]['rounds'])} rounds of {run['grpo'][0]['block']} iterations each after "
+        f"{run['settings']['warmup']} warm-up iterations; the order of the three rotates every round. "
+        "Peak memory: `ru_maxrss` of each process (each runs nothing else; imports included)."
+    )
+    add("")
+    add("| | " + " | ".join(f"beta = {r['beta']:g}" for r in results) + " |")
+    add("|---|" + "---|" * len(results))
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        (
+            "ppo-ref s/iteration, median (IQR)",
+            lambda r: f"{r['ours_median']:.3f} ({r['ours_iqr'][0]:.3f}-{r['ours_iqr'][1]:.3f})",
+        ),
+        (
+            "TRL 1.16 s/iteration, median (IQR)",
+            lambda r: f"{r['trl_median']:.3f} ({r['trl_iqr'][0]:.3f}-{r['trl_iqr'][1]:.3f})",
+        ),
+        (
+            f"**TRL / ppo-ref** (iterations/s ratio; median of per-round ratios; target >= {GRPO_TARGET})",
+            lambda r: f"**{r['ratio']:.2f}x** ({_met(r['ratio'] >= GRPO_TARGET)})",
+        ),
+        ("per-round ratios", lambda r: ", ".join(f"{x:.2f}" for x in r["per_round"])),
+        (
+            "peak RSS ppo-ref / TRL (target <=)",
+            lambda r: f"{_mib(r['rss_ours'])} / {_mib(r['rss_trl'])} ({_met(r['rss_ours'] <= r['rss_trl'])})",
+        ),
+        (
+            "bare compute s: generate (`model.generate`) + reference + update",
+            lambda r: (
+                f"{r['bare']['bare']:.3f} = {r['bare']['generate']:.3f} + {r['bare']['reference']:.3f} "
+                f"+ {r['bare']['update']:.3f}"
+            ),
+        ),
+        ("ppo-ref's sampler on the same prompts, s", lambda r: f"{r['bare']['generate_own']:.3f}"),
+        ("ppo-ref / bare (with `model.generate`)", lambda r: f"{r['over_bare']:.2f}x"),
+        ("ppo-ref / bare (with ppo-ref's sampler)", lambda r: f"{r['over_bare_own']:.2f}x"),
+        ("TRL / bare (with `model.generate`)", lambda r: f"{r['trl_over_bare']:.2f}x"),
+        ("peak RSS of the bare process", lambda r: _mib(r["rss_bare"])),
+    ]
+    for label, cell in rows:
+        add(f"| {label} | " + " | ".join(cell(r) for r in results) + " |")
+    add("")
+    stage_keys = sorted({k for r in results for k in r["stages"] if k != "seconds_iteration"})
+    if stage_keys:
+        add("ppo-ref's own stage seconds (metrics.jsonl, medians of the timed iterations):")
+        add("")
+        add("| stage | " + " | ".join(f"beta = {r['beta']:g}" for r in results) + " |")
+        add("|---|" + "---|" * len(results))
+        for key in stage_keys:
+            add(f"| {key} | " + " | ".join(f"{r['stages'].get(key, math.nan):.3f}" for r in results) + " |")
+        add("")
+    add(GRPO_END)
+    return lines
+
+
+def write_grpo_section(run: dict[str, Any], out: Path) -> Path:
+    """Put the GRPO section of ``run`` into ``out`` (replacing the previous one, else before the
+    primitives section, else at the end); the rest of the file is left as it is."""
+    section = "\n".join(grpo_section(run)) + "\n"
+    text = out.read_text() if out.exists() else ""
+    if GRPO_BEGIN in text and GRPO_END in text:
+        head, rest = text.split(GRPO_BEGIN, 1)
+        tail = rest.split(GRPO_END, 1)[1].lstrip("\n")
+        text = head + section + "\n" + tail
+    elif "\n## Primitives" in text:
+        head, tail = text.split("\n## Primitives", 1)
+        text = head.rstrip("\n") + "\n\n" + section + "\n## Primitives" + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    out.write_text(text)
+    return out

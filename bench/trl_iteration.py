@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -97,7 +98,8 @@ def make_trl_trainer(out_dir: str, callbacks: list[Any]) -> Any:
 class TrlStepper:
     """TRL's ``train()`` in a thread, paused at each iteration boundary; ``step()`` runs one."""
 
-    def __init__(self, out_dir: str) -> None:
+    def __init__(self, out_dir: str, factory: Callable[[list[Any]], Any] | None = None) -> None:
+        """``factory(callbacks)`` builds the TRL trainer (default: :func:`make_trl_trainer`, PPO)."""
         from transformers import TrainerCallback
 
         self.steps = 0
@@ -122,7 +124,7 @@ class TrlStepper:
             def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 self._pause()
 
-        self.trainer = make_trl_trainer(out_dir, [Pause()])
+        self.trainer = make_trl_trainer(out_dir, [Pause()]) if factory is None else factory([Pause()])
         self._thread = threading.Thread(target=self._train, name="trl-train", daemon=True)
         self._thread.start()
         self._done.acquire()

@@ -44,7 +44,7 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.results_report import write_report  # noqa: E402
+from bench.results_report import write_grpo_section, write_report  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 LOGS = Path(tempfile.gettempdir()) / "ppo-ref-bench-logs"  # worker output: progress bars, warnings
@@ -234,6 +234,84 @@ def run_trainer_comparison(args: argparse.Namespace, env: dict[str, str]) -> dic
     }
 
 
+def run_grpo_comparison(args: argparse.Namespace, env: dict[str, str], beta: float) -> dict[str, Any]:
+    """ppo-ref's critic-free (GRPO) iteration against TRL 1.16's ``GRPOTrainer`` at ``beta``
+    (:mod:`bench.tiny_grpo`), with the bare model work in a third process; each round runs a block
+    of iterations of each worker, in an order that rotates, so load from other jobs hits all alike."""
+    trl_python = ROOT / ".envs" / "trl116" / "bin" / "python"
+    if not trl_python.exists():
+        raise SystemExit("TRL 1.16's environment is missing: python tools/thirdparty_envs.py trl116")
+    LOGS.mkdir(parents=True, exist_ok=True)
+    python = str(main_python())
+    started = time.perf_counter()
+    tag = f"beta{beta:g}"
+    workers = {
+        "ppo_ref": Worker(
+            "ppo_ref",
+            [python, "-m", "bench.grpo_side", "--serve", "trainer", "--beta", str(beta)],
+            env,
+            LOGS / f"grpo-ppo_ref-{tag}.log",
+        ),
+        "trl": Worker(
+            "trl",
+            [str(trl_python), "-m", "bench.trl_grpo_iteration", "--serve", "--beta", str(beta)],
+            env,
+            LOGS / f"grpo-trl-{tag}.log",
+        ),
+        "bare": Worker(
+            "bare",
+            [python, "-m", "bench.grpo_side", "--serve", "bare", "--beta", str(beta)],
+            env,
+            LOGS / f"grpo-bare-{tag}.log",
+        ),
+    }
+    try:
+        ready = {name: w.read() for name, w in workers.items()}
+        log(f"GRPO beta={beta:g}: workers ready after {time.perf_counter() - started:.0f} s")
+        warmup: dict[str, Any] = {
+            name: workers[name].ask(cmd="iterations", n=args.warmup)["seconds"] for name in ("ppo_ref", "trl")
+        }
+        warmup["bare"] = [workers["bare"].ask(cmd="bare", repeats=1)["bare"]]
+        orders = [["ppo_ref", "bare", "trl"], ["trl", "ppo_ref", "bare"], ["bare", "trl", "ppo_ref"]]
+        rounds = []
+        for index in range(args.rounds):
+            order = orders[index % 3] if index % 2 == 0 else list(reversed(orders[index % 3]))
+            record: dict[str, Any] = {"order": order, "loadavg_1min": os.getloadavg()[0]}
+            for name in order:
+                if name == "bare":
+                    record["bare"] = workers["bare"].ask(cmd="bare", repeats=1)
+                else:
+                    record[name] = workers[name].ask(cmd="iterations", n=args.block)["seconds"]
+            ours, theirs = statistics.median(record["ppo_ref"]), statistics.median(record["trl"])
+            bare = record["bare"]
+            record["ratio_trl_over_ppo_ref"] = theirs / ours
+            record["ppo_ref_over_bare"] = ours / bare["bare"]
+            record["ppo_ref_over_bare_own"] = ours / bare["bare_own"]
+            record["trl_over_bare"] = theirs / bare["bare"]
+            rounds.append(record)
+            log(
+                f"GRPO beta={beta:g} round {index + 1}/{args.rounds}: ppo-ref {ours:.3f} s, "
+                f"TRL {theirs:.3f} s, "
+                f"bare {bare['bare']:.3f} s (generate {bare['generate']:.3f}, ppo-ref's sampler "
+                f"{bare['generate_own']:.3f}): TRL/ppo-ref {record['ratio_trl_over_ppo_ref']:.2f}x, "
+                f"ppo-ref/bare {record['ppo_ref_over_bare']:.2f}x, TRL/bare {record['trl_over_bare']:.2f}x, "
+                f"load {record['loadavg_1min']:.1f}"
+            )
+        infos = {name: w.ask(cmd="info", skip=args.warmup) for name, w in workers.items()}
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return {
+        "beta": beta,
+        "ready": ready,
+        "warmup_seconds": warmup,
+        "rounds": rounds,
+        "block": args.block,
+        "info": infos,
+        "wall_seconds": time.perf_counter() - started,
+    }
+
+
 LARGE_SHAPES = "B256-T2048 or V150k"
 
 
@@ -356,7 +434,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--primitive-max-time", type=float, help="pytest-benchmark max time per test")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per process (the settings: 2)")
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["trainer", "primitives", "memory", "conformance"]
+        "--skip", nargs="*", default=[], choices=["trainer", "grpo", "primitives", "memory", "conformance"]
+    )
+    parser.add_argument(
+        "--only", nargs="*", default=[], choices=["trainer", "grpo", "primitives", "memory", "conformance"]
+    )
+    parser.add_argument(
+        "--betas", type=float, nargs="*", default=[0.0, 0.04], help="KL coefficients of the GRPO comparison"
     )
     parser.add_argument(
         "--omp-wait-policy",
@@ -364,6 +448,12 @@ def main(argv: list[str] | None = None) -> int:
         help="OMP_WAIT_POLICY for every subprocess ('' keeps the environment's)",
     )
     args = parser.parse_args(argv)
+    if args.only:
+        args.skip = [
+            part
+            for part in ("trainer", "grpo", "primitives", "memory", "conformance")
+            if part not in args.only
+        ]
     args.rounds = args.rounds or (4 if args.quick else 12)
     max_time = args.primitive_max_time or (0.2 if args.quick else 0.5)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -388,12 +478,18 @@ def main(argv: list[str] | None = None) -> int:
         envs = third_party_envs()
         impls = {"mine": main_python()}
         for name, python in envs.items():
+            if {"primitives", "memory"} <= set(args.skip):
+                break  # only the primitives and the memory runs use the third-party environments
             if ensure_pytest_benchmark(name, python, env):
                 impls[name] = python
         if "trainer" not in args.skip:
             log(f"trainer vs TRL: {args.rounds} rounds of {args.block} iterations each")
             run["trainer"] = run_trainer_comparison(args, env)
             run["loadavg_after_trainer"] = os.getloadavg()
+        if "grpo" not in args.skip:
+            log(f"GRPO vs TRL 1.16: {args.rounds} rounds of {args.block} iterations each, betas {args.betas}")
+            run["grpo"] = [run_grpo_comparison(args, env, beta) for beta in args.betas]
+            run["loadavg_after_grpo"] = os.getloadavg()
         if "primitives" not in args.skip:
             run["primitives"] = run_primitives(impls, env, max_time)
             run["loadavg_after_primitives"] = os.getloadavg()
@@ -404,8 +500,18 @@ def main(argv: list[str] | None = None) -> int:
         run["conformance"] = run_conformance(env)
     run["loadavg_end"] = os.getloadavg()
     run["wall_seconds"] = time.perf_counter() - started
+    if args.only:  # a partial run: its own JSON; RESULTS.md only gets the GRPO section, if it ran
+        name = "run-" + "-".join(args.only) + ".json"
+        (RESULTS / name).write_text(json.dumps(run, indent=1) + "\n")
+        log(f"wrote bench/results/{name} in {run['wall_seconds'] / 60:.1f} min")
+        if "grpo" in run:
+            path = write_grpo_section(run, ROOT / "bench" / "RESULTS.md")
+            log(f"updated the GRPO section of {path.relative_to(ROOT)}")
+        return 0
     (RESULTS / "run.json").write_text(json.dumps(run, indent=1) + "\n")
     path = write_report(run, RESULTS, ROOT / "bench" / "RESULTS.md")
+    if "grpo" in run:
+        write_grpo_section(run, path)
     log(f"wrote {path.relative_to(ROOT)} and bench/results/ in {run['wall_seconds'] / 60:.1f} min")
     return 0
 

@@ -335,3 +335,19 @@ def test_describe_records_the_test_tool_versions() -> None:
     metadata = _tool().describe("mine")
     assert set(metadata["test_versions"]) == {"hypothesis", "pytest", "numpy"}
     assert all(v and v != "not installed" for v in metadata["test_versions"].values())
+
+
+def test_every_finding_has_a_reach_evidence_and_its_script() -> None:
+    """docs/findings.md: each entry names its implementations, a known reach and the test ids it
+    explains; a trainer-path, non-default or metrics-only entry names a script under findings/repro/
+    that exists."""
+    tool = _tool()
+    found = tool.load_findings([REPO / "docs" / "findings.md"])
+    assert len(found) >= 30
+    for finding in found.values():
+        assert finding.reach in tool.REACHES, finding.id
+        assert finding.explains, finding.id
+        assert finding.version, finding.id
+        if finding.reach in ("trainer-path", "non-default", "metrics-only"):
+            script = finding.reproduction
+            assert script.startswith("findings/repro/") and (REPO / script).is_file(), finding.id

@@ -212,6 +212,8 @@ UNEXPLAINED = "unexplained"
 """The reach of a FAIL cell with a failing test that no finding explains: ranked above every reach."""
 SEVERITY = (UNEXPLAINED, *REACHES, "unknown")
 
+REPRO_SCRIPT = re.compile(r"findings/repro/[\w.-]+\.py")
+"""A ``Reproduction:`` line's script: the training-path reproduction of the finding."""
 CLAUSE_ID = re.compile(r"^(?:CONTRACT|[A-Z]+(?:-[A-Z]+)*-\d+[a-z]?)$")
 HEADER = re.compile(
     r"^\s*(?:[-*]\s+)?(Implementations|Reach|Explains|Version|Reproduction|Upstream)\s*:\s*(.*)$", re.I
@@ -242,6 +244,7 @@ def _split_items(text: str) -> list[str]:
 def _finding(fid: str, fields: Mapping[str, str], source: str) -> Finding:
     impls = tuple(_split_items(fields.get("implementations", ""))) or (fid.split("-", 1)[0],)
     reach = fields.get("reach", "").strip().strip("`").split()
+    script = REPRO_SCRIPT.search(fields.get("reproduction", ""))
     return Finding(
         id=fid,
         implementations=impls,
@@ -249,7 +252,7 @@ def _finding(fid: str, fields: Mapping[str, str], source: str) -> Finding:
         explains=tuple(_split_items(fields.get("explains", ""))),
         source=source,
         version=fields.get("version", "").strip(),
-        reproduction=fields.get("reproduction", "").strip().strip("`"),
+        reproduction=script.group(0) if script else "",
     )
 
 

@@ -10,7 +10,8 @@ adapter ops it calls (skipped as "not provided" when the adapter does not list o
 ``needs(*capabilities)`` names declared capabilities (``kl_estimator:k2``, ``loss_agg:token-mean``,
 ``value_clip:clipped``, ``gae_bootstrap``, ``policy_option:counts``, ``group_method:rloo``,
 ``group_std_scope:batch``, ``kl_loss_estimator:k3+``, ``correction_level:sequence``,
-``correction_mode:mask``, ``mask_holes:gae``) that the adapter's conventions may exclude.
+``correction_mode:mask``, ``mask_holes:gae``, ``whiten_mode:keep-mean``) that the adapter's
+conventions may exclude.
 
 Input conventions (issue 11): every test runs inside :func:`.strategies.declared_inputs` with the
 adapter's declared ``masked_fill`` and, when all of the test's ops are in its ``prefix_masks``,
@@ -40,7 +41,7 @@ from ppo_ref.adapters.conventions import CONVENTIONS, LOSS_AGGREGATIONS, describ
 
 from .report import ConformanceRecorder
 from .strategies import declared_inputs, register_profiles
-from .support import Context, configure_examples
+from .support import Context, begin_test, compared_adapter, configure_examples, configure_precision
 
 # Registered at import, before Hypothesis' plugin reads --hypothesis-profile in pytest_configure.
 register_profiles()
@@ -124,7 +125,11 @@ def pytest_configure(config: pytest.Config) -> None:
     except (UnknownAdapterError, AdapterLoadError) as error:
         raise pytest.UsageError(f"--impl={impl}: {error}") from error
     conventions = _declared_conventions(adapter)
-    context = Context(adapter, impl, conventions, ReferenceVariant(conventions))
+    configure_precision(conventions.float32_ops)
+    # compute_dtype and off_mask_outputs change how results are compared (support.ComparedAdapter)
+    context = Context(
+        compared_adapter(adapter, conventions), impl, conventions, ReferenceVariant(conventions)
+    )
     config.stash[CONTEXT_KEY] = context
     recorder = ConformanceRecorder(
         context, config.getoption("--conformance-report"), config.invocation_params.args, compact=compact
@@ -176,6 +181,7 @@ def _missing_capability(context: Context, capability: str) -> str | None:
         "kl_loss_estimator": ("kl_loss_estimators", c.kl_loss_estimators, value not in c.kl_loss_estimators),
         "correction_level": ("correction_levels", c.correction_levels, value not in c.correction_levels),
         "correction_mode": ("correction_modes", c.correction_modes, value not in c.correction_modes),
+        "whiten_mode": ("whiten_modes", c.whiten_modes, value not in c.whiten_modes),
         "mask_holes": ("prefix_masks", c.prefix_masks, value in c.prefix_masks),
     }
     if kind not in checks:
@@ -228,6 +234,12 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         return
     with declared_inputs(context.conventions.masked_fill, holes_allowed(context, item)):
         yield
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Each test starts with no op called (the float32 tolerance is per test: support.tolerance)."""
+    begin_test()
 
 
 @pytest.fixture(scope="session")

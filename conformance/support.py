@@ -4,38 +4,69 @@ copy-pasteable reproductions of a failing call.
 The suite judges an implementation only through its adapter's ops and attributes. Each check calls
 an op of the adapter and the same op of :class:`ppo_ref.adapters.ReferenceVariant` (the reference
 with the adapter's declared conventions applied) on the same inputs and compares the results.
+
+Three declared conventions change how results are compared rather than what they must be:
+
+- ``compute_dtype`` (precision): a test that calls an op declared computed in float32 compares its
+  float64 results at :data:`FLOAT32_COMPUTE_TOLERANCE` instead of the float64 tolerance
+  (:func:`tolerance`; hand cases: :func:`precision_case`).
+- ``off_mask_outputs`` unspecified: the suite sees the adapter through :class:`ComparedAdapter`,
+  which sets the op's per-token outputs to 0 off the mask, so they are compared on the action
+  tokens only (gradients too).
+- unreported statistics, one rule for the hand cases and the properties (:func:`checked_outputs`,
+  :func:`statistic`): a statistic is *unreported* when the result lacks it or holds ``None``. A
+  statistic declared not reported (``clipfrac: None``, ``approx_kl: None``) is never checked, even
+  when the result has it; an optional one (:data:`OPTIONAL_STATISTICS`) is checked when reported and
+  skipped when not; a required one (the rest: ``loss``, ``clipfrac``, ``approx_kl`` of
+  ``policy_loss``, ``loss`` and ``clipfrac`` of ``gspo_loss`` and ``cispo_loss``) fails when
+  unreported.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import torch
-from hypothesis import Phase, note, settings
+from hypothesis import Phase, currently_in_test_context, note, reject, settings
 from torch import Tensor
 
-from ppo_ref.adapters import Adapter, ConventionSet, ReferenceVariant
+import ppo_ref
+from ppo_ref.adapters import OP_NAMES, Adapter, ConventionSet, ReferenceVariant
+from ppo_ref.adapters.conventions import MASKED_OUTPUT_OPS, with_value_slot
 
+from .cases import Case
 from .strategies import tensor_code
 
 __all__ = [
+    "FLOAT32_COMPUTE_TOLERANCE",
+    "OPTIONAL_STATISTICS",
     "TOLERANCES",
+    "ComparedAdapter",
     "Context",
     "as_tensor",
     "assert_close",
+    "begin_test",
     "call_both",
     "call_impl",
+    "checked_outputs",
+    "compared_adapter",
+    "computed_dtype",
     "configure_examples",
+    "configure_precision",
     "examples",
     "grad_of",
     "note_repro",
+    "precision_case",
     "repro_code",
     "statistic",
     "tolerance",
+    "unsupported_call",
     "whitening_scale",
 ]
 
@@ -48,8 +79,50 @@ TOLERANCES: Mapping[torch.dtype, tuple[float, float]] = {
 float32 tolerance against the float32 reference computed from the same half-precision values."""
 
 
+FLOAT32_COMPUTE_TOLERANCE: tuple[float, float] = (1e-5, 1e-5)
+"""(rtol, atol) for float64 inputs of an op the adapter declares computed in float32
+(``compute_dtype``): the float32 tolerance, ``|actual - expected| <= 1e-5 + 1e-5 * |expected|``
+(about 170 float32 ulps of the expected value), times :func:`whitening_scale` where whitening
+amplifies rounding."""
+
+_FLOAT32_OPS: set[str] = set()
+_CALLED: set[str] = set()
+
+
+def configure_precision(float32_ops: frozenset[str]) -> None:
+    """Declare which ops compute in float32 (the adapter's ``compute_dtype``, once per session)."""
+    unknown = sorted(set(float32_ops) - set(OP_NAMES))
+    if unknown:
+        raise ValueError(f"float32_ops: unknown op names {unknown}")
+    _FLOAT32_OPS.clear()
+    _FLOAT32_OPS.update(float32_ops)
+    _CALLED.clear()
+
+
+def begin_test() -> None:
+    """Forget the ops called by the previous test (called before each test by the hooks)."""
+    _CALLED.clear()
+
+
+def _mark_called(op: str) -> None:
+    _CALLED.add(op)
+
+
+def computed_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The precision results from ``dtype`` inputs were computed in: float32 for float64 inputs once
+    the current test has called an op the adapter declares computed in float32, else ``dtype``
+    (for tests that size a rounding band from the precision)."""
+    if dtype == torch.float64 and _CALLED & _FLOAT32_OPS:
+        return torch.float32
+    return dtype
+
+
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    """(rtol, atol) for results computed from inputs of ``dtype`` (float32 for half precision)."""
+    """(rtol, atol) for results computed from inputs of ``dtype`` (float32 for half precision);
+    :data:`FLOAT32_COMPUTE_TOLERANCE` for float64 inputs once the current test has called an op the
+    adapter declares computed in float32."""
+    if dtype == torch.float64 and _CALLED & _FLOAT32_OPS:
+        return FLOAT32_COMPUTE_TOLERANCE
     return TOLERANCES.get(dtype, TOLERANCES[torch.float32])
 
 
@@ -75,8 +148,86 @@ class Context:
         """The adapter's op ``name`` (the test is skipped as not provided if it is not listed)."""
         if name not in self.adapter.ops:
             pytest.skip(f"not provided: op {name!r} is not in the adapter's ops")
+        _mark_called(name)
         function: Callable[..., Any] = getattr(self.adapter, name)
         return function
+
+
+_REFERENCE_SIGNATURES: dict[str, inspect.Signature] = {}
+
+
+def _bound(op: str, args: tuple[object, ...], kwargs: Mapping[str, object]) -> dict[str, object]:
+    """The arguments of a call of ``op`` by the reference's parameter names (defaults filled)."""
+    if op not in _REFERENCE_SIGNATURES:
+        _REFERENCE_SIGNATURES[op] = inspect.signature(getattr(ppo_ref, op))
+    bound = _REFERENCE_SIGNATURES[op].bind_partial(*args, **kwargs)
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _on_mask(value: object, keep: Tensor) -> object:
+    if isinstance(value, Tensor) and value.shape == keep.shape:
+        return torch.where(keep, value, torch.zeros((), dtype=value.dtype))
+    if isinstance(value, tuple):
+        return tuple(_on_mask(item, keep) for item in value)
+    return value
+
+
+class ComparedAdapter:
+    """The adapter as the suite compares it: every attribute is the adapter's, except that an op the
+    adapter declares computed in float32 (``compute_dtype``) marks the current test for the float32
+    tolerance when it is looked up, and an op whose off-mask outputs are declared unspecified
+    (``off_mask_outputs``) returns its per-token outputs set to 0 off the mask (0 is what the
+    reference returns there), so they are compared on the action tokens only. Where ``token_rewards``
+    puts the score after the last action token (``score_placement``), and where GAE trains the
+    value after it (``value_after_last_action_token``), that slot counts as on the mask."""
+
+    def __init__(self, adapter: Adapter, conventions: ConventionSet) -> None:
+        self._adapter = adapter
+        self._conventions = conventions
+        for attribute in ("name", "version", "provenance", "ops", "conventions"):  # for isinstance
+            if hasattr(adapter, attribute):
+                setattr(self, attribute, getattr(adapter, attribute))
+
+    def __repr__(self) -> str:
+        return f"ComparedAdapter({self._adapter!r})"
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._adapter, name)
+        if name not in OP_NAMES or not callable(value):
+            return value
+        if name in self._conventions.float32_ops:
+            _mark_called(name)
+        if name not in self._conventions.off_mask_outputs:
+            return value
+        return self._compared(name, value)
+
+    def _compared(self, op: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        conventions = self._conventions
+
+        def compared(*args: Any, **kwargs: Any) -> Any:
+            result = function(*args, **kwargs)
+            mask = _bound(op, args, kwargs).get("mask")
+            if not isinstance(mask, Tensor):
+                return result  # kl_penalty without a mask: every position is an output
+            keep = mask if mask.dtype == torch.bool else mask != 0
+            slot = (op == "token_rewards" and conventions.score_placement == "after-last-action-token") or (
+                op == "gae" and getattr(conventions, "value_after_last_action_token", "") == "trained"
+            )
+            return _on_mask(result, with_value_slot(keep) if slot else keep)
+
+        compared.__name__ = op
+        compared.__doc__ = f"{op} of {self._adapter!r}, compared on the action tokens only"
+        return compared
+
+
+def compared_adapter(adapter: Adapter, conventions: ConventionSet) -> Adapter:
+    """The adapter itself when no declared convention changes how it is compared, else
+    :class:`ComparedAdapter` around it."""
+    if not conventions.float32_ops and not (conventions.off_mask_outputs & set(MASKED_OUTPUT_OPS)):
+        return adapter
+    wrapped: Adapter = ComparedAdapter(adapter, conventions)
+    return wrapped
 
 
 def as_tensor(value: object, what: str) -> Tensor:
@@ -117,11 +268,74 @@ def assert_close(actual: object, expected: Tensor, dtype: torch.dtype, what: str
         )
 
 
+OPTIONAL_STATISTICS: Mapping[str, frozenset[str]] = {
+    "policy_loss": frozenset({"ratio_outside_frac", "ratio_mean", "ratio_max", "dual_clip_frac"}),
+    "ppo_penalty_loss": frozenset({"kl"}),
+    "gspo_loss": frozenset({"approx_kl", "ratio_mean", "ratio_max"}),
+    "cispo_loss": frozenset({"approx_kl", "ratio_mean", "ratio_max"}),
+}
+"""Per op, the statistics of the reference's result that the contract does not require: checked
+when the adapter's result reports them, skipped when it does not."""
+
+
+def _declared_unreported(conventions: ConventionSet, op: str) -> frozenset[str]:
+    if op != "policy_loss":
+        return frozenset()
+    return frozenset(name for name in ("clipfrac", "approx_kl") if getattr(conventions, name) is None)
+
+
+def _reported(result: object, name: str) -> bool:
+    if isinstance(result, Mapping):
+        return result.get(name) is not None
+    return getattr(result, name, None) is not None
+
+
+def checked_outputs(ctx: Context, op: str, result: object, names: Iterable[str]) -> list[str]:
+    """Which of the outputs ``names`` of an ``op`` result are compared, by the rule for unreported
+    statistics (module docstring): declared not reported, never; optional, when reported; the
+    others always (an unreported one then fails). The hand cases and the properties both use it.
+
+    A result that is a tensor or a tuple (one output, or GAE's pair) reports every output."""
+    if isinstance(result, (Tensor, tuple, list, float, int)):
+        return list(names)
+    never = _declared_unreported(ctx.conventions, op)
+    optional = OPTIONAL_STATISTICS.get(op, frozenset())
+    return [name for name in names if name not in never and (name not in optional or _reported(result, name))]
+
+
 def statistic(result: object, name: str, what: str) -> object:
-    """Attribute ``name`` of an op's result object, failing clearly when it is missing."""
-    if not hasattr(result, name):
-        raise AssertionError(f"{what}: the result {type(result).__name__} has no attribute {name!r}")
+    """Attribute ``name`` of an op's result object, failing clearly when it is unreported (missing
+    or ``None``): a test asks for a statistic only where the rule for unreported statistics
+    (module docstring) requires it."""
+    if getattr(result, name, None) is None:
+        found = "has no attribute" if not hasattr(result, name) else "holds None for"
+        raise AssertionError(
+            f"{what}: the result {type(result).__name__} {found} {name!r}, which the contract requires; "
+            f"an implementation that does not compute it declares the convention {name}: None"
+            if name in ("clipfrac", "approx_kl")
+            else f"{what}: the result {type(result).__name__} {found} {name!r}, which the contract requires"
+        )
     return getattr(result, name)
+
+
+def precision_case(ctx: Context, case: Case) -> Case:
+    """The hand case with the float32 tolerance when the adapter declares its op computed in
+    float32 and the case is float64: ``atol = max(case atol, 1e-5 + 1e-5 * m)``, m the largest
+    finite magnitude among the case's expected values (:data:`FLOAT32_COMPUTE_TOLERANCE` as an
+    absolute bound, because the case runner compares with an absolute tolerance)."""
+    if case.op not in ctx.conventions.float32_ops or case.dtype != "float64":
+        return case
+    magnitudes = [abs(v) for v in _flat(list(case.expected.values())) if math.isfinite(v)]
+    rtol, atol = FLOAT32_COMPUTE_TOLERANCE
+    return dataclasses.replace(case, atol=max(case.atol, atol + rtol * max(magnitudes, default=0.0)))
+
+
+def _flat(value: object) -> list[float]:
+    if isinstance(value, (list, tuple)):
+        return [item for part in value for item in _flat(part)]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [float(value)]
+    return []  # "nan", "inf", None
 
 
 def grad_of(output: object, wrt: Tensor, what: str) -> Tensor:
@@ -202,26 +416,52 @@ def examples() -> settings:
 
     A failing example is reported as found, without Hypothesis' shrink and explain phases, which
     made a failing run 10-25x slower than a passing one; ``--conformance-shrink`` turns them back
-    on (smaller examples, slower failures). The ``@reproduce_failure`` blob is not printed: the
-    suite's own reproduction reruns the failing call. Applied when a test module is imported,
+    on (smaller examples, slower failures). The first failing example ends the property
+    (``report_multiple_bugs=False``), so its failure is reported whole, not as one of several
+    sub-exceptions. The ``@reproduce_failure`` blob is not printed: the suite's own reproduction
+    reruns the failing call. Applied when a test module is imported,
     which happens after the profile is loaded.
     """
     count = _EXAMPLES[0] if _EXAMPLES else max(5, settings().max_examples // 3)
     if _SHRINK and _SHRINK[0]:
         return settings(max_examples=count)
     phases = [phase for phase in settings().phases if phase not in (Phase.shrink, Phase.explain)]
-    return settings(max_examples=count, phases=phases, print_blob=False)
+    return settings(max_examples=count, phases=phases, print_blob=False, report_multiple_bugs=False)
 
 
 def _fresh(value: object) -> object:
     return value.detach().clone() if isinstance(value, Tensor) else value
 
 
+def unsupported_call(ctx: Context, op: str, kwargs: Mapping[str, object]) -> str | None:
+    """Why the adapter's declared capabilities exclude this call of ``op`` (None if they do not):
+    for now ``masked_whiten(shift_mean=False)`` when ``whiten_modes`` lacks ``keep-mean`` (or
+    ``shift_mean=True`` without ``shift-mean``)."""
+    if op == "masked_whiten":
+        mode = "shift-mean" if kwargs.get("shift_mean", True) else "keep-mean"
+        if mode not in ctx.conventions.whiten_modes:
+            return f"masked_whiten with {mode} (declared whiten_modes excludes it)"
+    return None
+
+
+def _skip_unsupported(ctx: Context, op: str, kwargs: Mapping[str, object]) -> None:
+    """Leave out a call the adapter declares it cannot make: the example is rejected inside a
+    Hypothesis property (the others still run), the test skipped as not provided otherwise."""
+    reason = unsupported_call(ctx, op, kwargs)
+    if reason is None:
+        return
+    if currently_in_test_context():
+        reject()
+    pytest.skip(f"not provided: {reason}")
+
+
 def call_both(ctx: Context, op: str, **kwargs: object) -> tuple[Any, Any]:
     """(implementation, reference variant) results of ``op`` on fresh copies of the same inputs.
 
     Notes the reproduction for Hypothesis, so a failing example prints code that reruns the call.
+    A call the adapter declares it cannot make is left out (:func:`unsupported_call`).
     """
+    _skip_unsupported(ctx, op, kwargs)
     note_repro(ctx, op, **kwargs)
     actual = ctx.op(op)(**{k: _fresh(v) for k, v in kwargs.items()})
     expected = getattr(ctx.variant, op)(**{k: _fresh(v) for k, v in kwargs.items()})
@@ -230,6 +470,7 @@ def call_both(ctx: Context, op: str, **kwargs: object) -> tuple[Any, Any]:
 
 def call_impl(ctx: Context, op: str, **kwargs: object) -> Any:
     """The implementation's result of ``op`` on fresh copies of the inputs (reproduction noted)."""
+    _skip_unsupported(ctx, op, kwargs)
     note_repro(ctx, op, **kwargs)
     return ctx.op(op)(**{k: _fresh(v) for k, v in kwargs.items()})
 

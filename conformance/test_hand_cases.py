@@ -3,9 +3,8 @@
 A case whose expected values still hold under the adapter's declared conventions (the reference
 variant reproduces them) is run as is with :func:`conformance.cases.run_case`. A case that a
 declared convention changes (the variant does not reproduce it) is checked by comparing the
-adapter with the variant on the case's inputs. Outputs an adapter need not report
-(``ratio_outside_frac``, ``ratio_mean``, ``ratio_max``, PPO-Penalty's ``kl``, and statistics
-declared ``None``) are left out of the comparison when missing.
+adapter with the variant on the case's inputs. Which outputs are compared follows the suite's one
+rule for unreported statistics (:func:`conformance.support.checked_outputs`, as in the properties).
 
 Cases with ``raises`` are IN-2 (input validation), which holds for ppo-ref's own functions only;
 cases of functions outside the adapter contract (``masked_var``, ``explained_variance``, the
@@ -33,14 +32,9 @@ import ppo_ref
 from ppo_ref.adapters import OP_NAMES
 
 from .cases import Case, decode_inputs, load_cases, output_names, reproduction, run_case
-from .support import Context, whitening_scale
+from .support import Context, checked_outputs, precision_case, unsupported_call, whitening_scale
 from .test_robustness import ROBUSTNESS_CLAUSES
 
-OPTIONAL_OUTPUTS = frozenset({"ratio_outside_frac", "ratio_mean", "ratio_max", "kl", "dual_clip_frac"})
-"""Outputs of the reference that the adapter contract does not require."""
-
-OPTIONAL_BY_OP = {op: frozenset({"approx_kl"}) for op in ("gspo_loss", "cispo_loss")}
-"""Outputs the contract requires of policy_loss but not of these ops (only ``loss`` and ``clipfrac``)."""
 LOSS_OPS = frozenset({"policy_loss", "value_loss", "cispo_loss", "kl_loss"})
 """Ops whose ``loss_agg`` the declared ``loss_aggregations`` narrows."""
 OPTION_KEYWORDS = {
@@ -245,9 +239,10 @@ def _run_hand_case(ctx: Context, case: Case) -> None:
         pytest.skip(
             f"not applicable: {case.op} is outside the adapter contract (checked for ppo-ref in tests/)"
         )
-    missing = _unsupported(ctx, case)
+    missing = _unsupported(ctx, case) or unsupported_call(ctx, case.op, case.inputs)
     if missing:
         pytest.skip(f"not provided: {missing}")
+    case = precision_case(ctx, case)  # compute_dtype: the float32 tolerance
     try:
         result = getattr(ctx.adapter, case.op)(**decode_inputs(case))
     except Exception as error:
@@ -255,13 +250,7 @@ def _run_hand_case(ctx: Context, case: Case) -> None:
         pytest.fail(
             f"{case.id}: raised {type(error).__name__}: {error}\n{reproduction(case, ctx.adapter, setup)}"
         )
-    declared_none = {name for name in ("clipfrac", "approx_kl") if getattr(ctx.conventions, name) is None}
-    kept = [
-        name
-        for name in case.expected
-        if _output(case.op, result, name) is not None
-        or name not in OPTIONAL_OUTPUTS | declared_none | OPTIONAL_BY_OP.get(case.op, frozenset())
-    ]
+    kept = checked_outputs(ctx, case.op, result, case.expected)  # the rule for unreported statistics
     if not kept and case.grad is None:
         pytest.skip(f"not provided: the result has none of the outputs {sorted(case.expected)}")
     trimmed = dataclasses.replace(case, expected={name: case.expected[name] for name in kept})

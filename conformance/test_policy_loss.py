@@ -21,6 +21,7 @@ from .support import (
     assert_close,
     call_both,
     call_impl,
+    computed_dtype,
     examples,
     grad_of,
     note_repro,
@@ -68,7 +69,7 @@ def _supported(ctx: Context, data: st.DataObject) -> str:
 def _band(dtype: torch.dtype) -> float:
     """Half-width of the band around a kink or a threshold inside which float rounding may decide
     either way (relative to the ratio)."""
-    return 1e-5 if dtype != torch.float64 else 1e-9
+    return 1e-5 if computed_dtype(dtype) != torch.float64 else 1e-9
 
 
 def _ratio(batch: cs.PolicyBatch, clamp: float | None) -> Tensor:
@@ -93,6 +94,8 @@ def _near_thresholds(ctx: Context, batch: cs.PolicyBatch) -> Tensor:
     near = torch.zeros_like(ratio, dtype=torch.bool)
     for edge in edges:
         near |= (ratio - edge).abs() <= band * edge
+    if computed_dtype(batch.logp.dtype) == torch.float32:  # compute_dtype: A below float32's range is 0
+        near |= batch.advantages.abs() < torch.finfo(torch.float32).tiny
     return near & (batch.mask != 0)
 
 

@@ -43,10 +43,12 @@ from torch import Tensor
 import ppo_ref
 from ppo_ref.adapters.base import OP_NAMES as _OP_NAMES
 from ppo_ref.kl import last_action_index
+from ppo_ref.masked import EPS_PLACEMENTS, WHITEN_EPS
 
 __all__ = [
     "CISPO_BOUNDS",
     "CONVENTIONS",
+    "CONVENTION_ALIASES",
     "CORRECTION_BOUNDS",
     "CORRECTION_LEVELS",
     "CORRECTION_MODES",
@@ -56,13 +58,17 @@ __all__ = [
     "KL_ESTIMATORS",
     "KL_LOSS_ESTIMATORS",
     "LOSS_AGGREGATIONS",
+    "MASKED_OUTPUT_OPS",
+    "OP_CLAUSES",
     "POLICY_LOSS_OPTIONS",
+    "WHITEN_MODES",
     "Convention",
     "ConventionError",
     "ConventionSet",
     "ReferenceVariant",
     "VariantPolicyLoss",
     "convention_problems",
+    "float32_ops",
     "parse_conventions",
     "singleton_rows",
     "with_value_slot",
@@ -204,6 +210,98 @@ def _prefix_mask_clauses(value: object) -> tuple[str, ...]:
     return tuple(dict.fromkeys(c for op in _OP_NAMES if op in ops for c in _PREFIX_MASK_CLAUSES.get(op, ())))
 
 
+OP_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "token_logprobs": ("LOGP-1", "LOGP-2", "LOGP-3"),
+        "entropy": ("ENT-1",),
+        "masked_mean": ("MASK-1",),
+        "masked_whiten": ("MASK-2", "MASK-3", "RPP-1", "RPP-2"),
+        "kl_penalty": ("KL-1", "KL-2", "KL-3", "KL-4"),
+        "token_rewards": ("RWD-1", "RWD-2", "RWD-3"),
+        "gae": ("GAE-1", "GAE-2", "GAE-3", "GAE-4", "RPP-1"),
+        "policy_loss": ("PG-1", "PG-2", "PG-3", "PG-4", "PG-5", "PG-6", "CLIP-1", "CLIP-2", "CLIP-3"),
+        "value_loss": ("VF-1", "VF-2"),
+        "ppo_penalty_loss": ("PEN-1",),
+        "group_advantages": ("GRP-1", "GRP-2", "GRP-3", "GRP-4", "RPP-2"),
+        "aggregate_loss": ("AGG-1", "AGG-2", "AGG-3"),
+        "gspo_loss": ("GSPO-1", "GSPO-2", "GSPO-3"),
+        "cispo_loss": ("CISPO-1", "CISPO-2"),
+        "kl_loss": ("KLL-1", "KLL-2", "KLL-3"),
+        "rollout_correction": ("IS-1", "IS-2", "IS-3"),
+    }
+)
+"""The clauses whose tests call each op (for the report rows a per-op convention touches)."""
+MASKED_OUTPUT_OPS: tuple[str, ...] = (
+    "masked_whiten",
+    "kl_penalty",
+    "token_rewards",
+    "gae",
+    "rollout_correction",
+)
+"""Ops with a per-token output and a mask: the spec fixes their outputs off the mask (0), unless the
+adapter declares ``off_mask_outputs`` unspecified for them."""
+_OFF_MASK_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "masked_whiten": ("MASK-3", "RPP-1", "RPP-2"),
+        "kl_penalty": ("KL-1", "KL-2", "KL-3"),
+        "token_rewards": ("RWD-1", "RWD-3"),
+        "gae": ("GAE-2", "GAE-4", "RPP-1"),
+        "rollout_correction": ("IS-3",),
+    }
+)
+WHITEN_MODES: tuple[str, ...] = ("shift-mean", "keep-mean")
+"""``masked_whiten(shift_mean=True)`` and ``masked_whiten(shift_mean=False)``."""
+COMPUTE_DTYPES: tuple[str, ...] = ("float64", "float32")
+CONVENTION_ALIASES: Mapping[str, str] = MappingProxyType({"kl_estimators": "reward_kl_estimators"})
+"""Old key names still accepted, and the key each one now is."""
+
+
+def _compute_dtype(value: object) -> object:
+    if isinstance(value, Mapping):
+        unknown = [op for op in value if op not in _OP_NAMES]
+        if unknown:
+            raise ValueError(f"unknown ops {unknown}; expected op names from {list(_OP_NAMES)}")
+        bad = {op: d for op, d in value.items() if d not in COMPUTE_DTYPES}
+        if bad:
+            raise ValueError(f"expected dtypes from {list(COMPUTE_DTYPES)}, got {bad}")
+        chosen = {op: str(d) for op, d in sorted(value.items())}
+        if set(chosen.values()) <= {"float64"}:
+            return "float64"
+        return MappingProxyType(chosen)
+    return _choice(*COMPUTE_DTYPES)(value)
+
+
+def float32_ops(compute_dtype: object) -> frozenset[str]:
+    """The ops a normalised ``compute_dtype`` value declares computed in float32.
+
+    >>> sorted(float32_ops(MappingProxyType({"kl_penalty": "float32", "gae": "float64"})))
+    ['kl_penalty']
+    >>> float32_ops("float64")
+    frozenset()
+    """
+    if isinstance(compute_dtype, Mapping):
+        return frozenset(op for op, d in compute_dtype.items() if d == "float32")
+    return frozenset(_OP_NAMES) if compute_dtype == "float32" else frozenset()
+
+
+def _compute_dtype_clauses(value: object) -> tuple[str, ...]:
+    ops = float32_ops(value)
+    return tuple(dict.fromkeys(c for op in _OP_NAMES if op in ops for c in OP_CLAUSES.get(op, ())))
+
+
+def _off_mask_outputs(value: object) -> object:
+    if value == "zero":
+        return frozenset()
+    if value == "unspecified":
+        return frozenset(MASKED_OUTPUT_OPS)
+    return _subset(MASKED_OUTPUT_OPS, allow_empty=True)(value)
+
+
+def _off_mask_clauses(value: object) -> tuple[str, ...]:
+    ops = value if isinstance(value, Iterable) and not isinstance(value, str) else ()
+    return tuple(dict.fromkeys(c for op in MASKED_OUTPUT_OPS if op in ops for c in _OFF_MASK_CLAUSES[op]))
+
+
 @dataclass(frozen=True)
 class Convention:
     """One convention key: its reference value, what it may be declared as, the clauses it touches."""
@@ -278,11 +376,12 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
             Convention(
                 "approx_kl",
                 "k3",
-                "'k3', 'k1', 'k2' or None (not reported)",
-                "the approx_kl statistic: k3 mean((r-1) - log r), k1 mean(old_logp - logp), "
-                "k2 0.5*mean((logp - old_logp)^2)",
-                "k1: verl ppo_kl, OpenRLHF ppo_kl, torchrl kl_approx; k2: TRL approxkl",
-                _choice("k3", "k1", "k2", None),
+                "'k3', 'k1', 'neg-k1', 'k2' or None (not reported)",
+                "the approx_kl statistic: k3 mean((r-1) - log r), k1 mean(old_logp - logp), neg-k1 "
+                "the opposite sign mean(logp - old_logp), k2 0.5*mean((logp - old_logp)^2)",
+                "k1: verl ppo_kl, OpenRLHF ppo_kl, torchrl kl_approx; k2: TRL approxkl; neg-k1: "
+                "a library outside the matrix met by the issue-11 trial adapters (mean log-ratio)",
+                _choice("k3", "k1", "neg-k1", "k2", None),
                 _static("PG-5"),
             ),
             Convention(
@@ -344,11 +443,13 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 lambda value: _kl_clauses(value if isinstance(value, Mapping) else ()),
             ),
             Convention(
-                "kl_estimators",
+                "reward_kl_estimators",
                 _ALL_KL,
                 "a non-empty collection of 'k1', 'k2', 'k3'",
-                "the estimators kl_penalty and token_rewards accept; the others are not provided",
-                "TRL (k1, k3)",
+                "the estimators of the KL in the reward (kl_penalty and token_rewards) the library "
+                "accepts; the others are not provided. The KL loss has its own key, "
+                "kl_loss_estimators. 'kl_estimators' is the old name of this key, still accepted",
+                "TRL (k1, k3), torchrl KLRewardTransform (k1)",
                 _subset(KL_ESTIMATORS, allow_empty=False),
                 lambda value: _kl_clauses(_ALL_KL - frozenset(value) if isinstance(value, Iterable) else ()),
             ),
@@ -532,6 +633,86 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 _choice("token-mean", "seq-mean-token-mean"),
                 _static("VF-1", "VF-2"),
             ),
+            # --- contract gaps closed (issue 11, part 6) ---
+            Convention(
+                "compute_dtype",
+                "float64",
+                "'float64', 'float32', or {op: 'float32' | 'float64'}",
+                "the precision the library computes in: 'float64' computes float64 inputs in float64 "
+                "(the reference); 'float32' (for every op, or the ops named) casts to float32, so "
+                "float64 examples of those ops are compared at the float32 tolerance "
+                "(conformance.support.FLOAT32_COMPUTE_TOLERANCE) instead of 1e-7",
+                "OpenRLHF compute_approx_kl (kl_penalty: .float() before the estimate); any library "
+                "that casts log-probs to float32 before the loss",
+                _compute_dtype,
+                _compute_dtype_clauses,
+            ),
+            Convention(
+                "off_mask_outputs",
+                frozenset(),
+                "'zero' (the reference), 'unspecified', or a collection of op names",
+                "'unspecified' (for every op with a per-token output, or the ops named): what the op "
+                "returns on masked-out positions is not part of its result, so its outputs are "
+                "compared on the action tokens only (the reference returns 0 there, as the spec says)",
+                "verl compute_gae_advantage_return and skyrl-train (advantages off the mask follow "
+                "the recursion, the library never reads them); OpenRLHF compute_approx_kl without a "
+                "mask",
+                _off_mask_outputs,
+                _off_mask_clauses,
+            ),
+            Convention(
+                "whiten_eps",
+                WHITEN_EPS,
+                "a number > 0 (reference 1e-8)",
+                "the epsilon of the whitening (masked_whiten, and gae_whitening inside gae)",
+                "1e-8 everywhere in the matrix (verl, skyrl-train, OpenRLHF masked_normalize, "
+                "stable-baselines3); other values in libraries outside it",
+                lambda value: _positive(value),
+                _static("MASK-3", "GAE-1", "GAE-2", "GAE-3", "GAE-4", "RPP-1", "RPP-2"),
+            ),
+            Convention(
+                "whiten_eps_placement",
+                "inside-sqrt",
+                "'inside-sqrt', 'outside-sqrt' or 'clamp'",
+                "where the whitening epsilon goes: 1/sqrt(var + eps) (inside-sqrt), 1/(std + eps) "
+                "(outside-sqrt), 1/sqrt(max(var, eps)) (clamp); ppo_ref.masked_whiten(eps_placement=)",
+                "outside-sqrt: stable-baselines3 PPO.train (advantages.std() + 1e-8); clamp: OpenRLHF "
+                "masked_normalize (var.clamp(min=eps).rsqrt()); inside-sqrt: verl, skyrl-train",
+                _choice(*EPS_PLACEMENTS),
+                _static("MASK-3", "GAE-1", "GAE-2", "GAE-3", "GAE-4", "RPP-1", "RPP-2"),
+            ),
+            Convention(
+                "whiten_modes",
+                frozenset(WHITEN_MODES),
+                "a non-empty collection of 'shift-mean', 'keep-mean'",
+                "the whitenings masked_whiten computes: shift-mean (shift_mean=True) and keep-mean "
+                "(shift_mean=False, the mean added back); the others are not provided",
+                "skyrl-train normalize_advantages_dict (shift-mean only); libraries that only "
+                "whiten advantages",
+                _subset(WHITEN_MODES, allow_empty=False),
+                _missing(WHITEN_MODES, {"shift-mean": ("MASK-3",), "keep-mean": ("MASK-3",)}),
+            ),
+            Convention(
+                "score_clip",
+                None,
+                "None or a number c > 0",
+                "token_rewards clamps the score to [-c, c] before adding it",
+                "OpenRLHF compute_reward (reward_clip_range (-10, 10) by default)",
+                _optional_positive(0.0),
+                _static("RWD-2"),
+            ),
+            Convention(
+                "clipfrac_agg",
+                "token-mean",
+                "'token-mean' or 'seq-mean-token-mean'",
+                "how the clip fraction is averaged: over the batch's action tokens (token-mean), or "
+                "per sequence over its action tokens, then over the sequences with one "
+                "(seq-mean-token-mean)",
+                "libraries that reduce their statistics with the loss's seq-mean aggregation; met by "
+                "the issue-11 trial adapters (libraries outside the matrix)",
+                _choice("token-mean", "seq-mean-token-mean"),
+                _static("PG-3"),
+            ),
             # --- input conventions: what the library's own pipeline feeds its functions (issue 11) ---
             Convention(
                 "masked_fill",
@@ -621,7 +802,7 @@ class ConventionSet:
     gae_bootstrap: str = _reference("gae_bootstrap")
     score_placement: str = _reference("score_placement")
     kl_clamp: Mapping[str, float] = _reference("kl_clamp")
-    kl_estimators: frozenset[str] = _reference("kl_estimators")
+    reward_kl_estimators: frozenset[str] = _reference("reward_kl_estimators")
     dual_clip: float | None = _reference("dual_clip")
     log_ratio_clamp: float | None = _reference("log_ratio_clamp")
     loss_aggregations: frozenset[str] = _reference("loss_aggregations")
@@ -639,11 +820,28 @@ class ConventionSet:
     value_clip_form: str = _reference("value_clip_form")
     value_clip_modes: frozenset[str] = _reference("value_clip_modes")
     value_loss_agg: str = _reference("value_loss_agg")
+    compute_dtype: str | Mapping[str, str] = _reference("compute_dtype")
+    off_mask_outputs: frozenset[str] = _reference("off_mask_outputs")
+    whiten_eps: float = _reference("whiten_eps")
+    whiten_eps_placement: str = _reference("whiten_eps_placement")
+    whiten_modes: frozenset[str] = _reference("whiten_modes")
+    score_clip: float | None = _reference("score_clip")
+    clipfrac_agg: str = _reference("clipfrac_agg")
     masked_fill: str | float = _reference("masked_fill")
     prefix_masks: frozenset[str] = _reference("prefix_masks")
     value_after_last_action_token: str = _reference("value_after_last_action_token")
     log_ratio_clamp_statistics: str = _reference("log_ratio_clamp_statistics")
     call_context: str = _reference("call_context")
+
+    @property
+    def kl_estimators(self) -> frozenset[str]:
+        """The old name of :attr:`reward_kl_estimators` (the KL in the reward, not the KL loss)."""
+        return self.reward_kl_estimators
+
+    @property
+    def float32_ops(self) -> frozenset[str]:
+        """The ops declared computed in float32 (``compute_dtype``)."""
+        return float32_ops(self.compute_dtype)
 
     def deviations(self) -> dict[str, object]:
         """The keys whose value differs from the reference, with their values."""
@@ -671,7 +869,8 @@ def describe(value: object) -> str:
     if isinstance(value, frozenset):
         return "[" + ", ".join(sorted(value)) + "]"
     if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k}: {v:g}" for k, v in value.items()) + "}"
+        items = (f"{k}: {v if isinstance(v, str) else format(v, 'g')}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
     return repr(value) if isinstance(value, str) else str(value)
 
 
@@ -680,7 +879,14 @@ def convention_problems(declared: object) -> list[str]:
     if not isinstance(declared, Mapping):
         return [f"conventions: expected a Mapping[str, object], got {declared!r}"]
     problems = []
-    for key, value in declared.items():
+    renamed = [old for old in CONVENTION_ALIASES if old in declared and CONVENTION_ALIASES[old] in declared]
+    problems += [
+        f"conventions: both {old!r} and {CONVENTION_ALIASES[old]!r} declared ({old!r} is the old name of "
+        f"{CONVENTION_ALIASES[old]!r}; keep one)"
+        for old in renamed
+    ]
+    for declared_key, value in declared.items():
+        key = CONVENTION_ALIASES.get(declared_key, declared_key)
         if key not in CONVENTIONS:
             problems.append(
                 f"conventions: unknown key {key!r}; known keys are {sorted(CONVENTIONS)} "
@@ -699,7 +905,10 @@ def parse_conventions(declared: Mapping[str, object]) -> ConventionSet:
     problems = convention_problems(declared)
     if problems:
         raise ConventionError("; ".join(problems))
-    parsed: dict[str, Any] = {key: CONVENTIONS[key].parse(value) for key, value in declared.items()}
+    parsed: dict[str, Any] = {}
+    for key, value in declared.items():
+        key = CONVENTION_ALIASES.get(key, key)
+        parsed[key] = CONVENTIONS[key].parse(value)
     return replace(ConventionSet(), **parsed)
 
 
@@ -760,12 +969,20 @@ class ReferenceVariant:
     ppo_penalty_loss = staticmethod(ppo_ref.ppo_penalty_loss)
 
     def masked_whiten(self, x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
-        """MASK-3; ``whiten_variance='biased'`` is ``ppo_ref.masked_whiten(unbiased=False)``."""
+        """MASK-3; ``whiten_variance='biased'`` is ``ppo_ref.masked_whiten(unbiased=False)``,
+        ``whiten_eps`` and ``whiten_eps_placement`` its ``eps`` and ``eps_placement``."""
         return self._whiten(x, mask, shift_mean, self.conventions.whiten_variance)
 
-    @staticmethod
-    def _whiten(x: Tensor, mask: Tensor, shift_mean: bool, variance: str) -> Tensor:
-        return ppo_ref.masked_whiten(x, mask, shift_mean=shift_mean, unbiased=variance == "unbiased")
+    def _whiten(self, x: Tensor, mask: Tensor, shift_mean: bool, variance: str) -> Tensor:
+        c = self.conventions
+        return ppo_ref.masked_whiten(
+            x,
+            mask,
+            shift_mean=shift_mean,
+            unbiased=variance == "unbiased",
+            eps=c.whiten_eps,
+            eps_placement=c.whiten_eps_placement,
+        )
 
     def kl_penalty(
         self, logp: Tensor, ref_logp: Tensor, estimator: str = "k1", mask: Tensor | None = None
@@ -784,12 +1001,15 @@ class ReferenceVariant:
         kl_coef: float,
         estimator: str = "k1",
     ) -> Tensor:
-        """RWD-1..3; ``kl_clamp`` clamps the KL term, ``score_placement`` moves the score.
+        """RWD-1..3; ``kl_clamp`` clamps the KL term, ``score_placement`` moves the score,
+        ``score_clip`` clamps the score to [-c, c] before it is added.
 
         Both are ``ppo_ref.token_rewards``: a clamped estimate is handed to it as a k1 log-ratio
         against 0 (k1 of (kl, 0) is kl itself), and an ``after-last-action-token`` score is added
         one column after the row's last action token to the rewards of a zero score."""
         c = self.conventions
+        if c.score_clip is not None:
+            scores = scores.clamp(-c.score_clip, c.score_clip)
         if estimator in c.kl_clamp:
             logp = self.kl_penalty(logp, ref_logp, estimator, mask=mask)
             ref_logp, estimator = torch.zeros_like(logp), "k1"
@@ -851,6 +1071,8 @@ class ReferenceVariant:
         clipfrac = {"flat-branch": result.clipfrac, "ratio-outside": result.ratio_outside_frac}.get(
             str(c.clipfrac)
         )
+        if clipfrac is not None and c.clipfrac_agg == "seq-mean-token-mean":
+            clipfrac = self._clipfrac_per_sequence(logp, old_logp, advantages, keep, clip_eps, options)
         approx_kl = None
         raw = c.log_ratio_clamp is not None and c.log_ratio_clamp_statistics == "raw"
         if c.approx_kl == "k3" and not raw:
@@ -858,8 +1080,10 @@ class ReferenceVariant:
         elif c.approx_kl is not None:  # k1: mean(old - new); k2: 0.5 mean((new - old)^2); k3
             if raw:  # the statistic reads the unclamped log-ratio (log_ratio_clamp_statistics)
                 logp = torch.where(keep, raw_logp, old_logp)
-            first, second = (logp, old_logp) if c.approx_kl == "k2" else (old_logp, logp)
-            per_token = ppo_ref.kl_penalty(first.detach(), second.detach(), c.approx_kl, mask=keep)
+            # kl_penalty(a, b, k) estimates from b - a: k1 old - new, neg-k1 new - old
+            first, second = (logp, old_logp) if c.approx_kl in ("k2", "neg-k1") else (old_logp, logp)
+            estimator = "k1" if c.approx_kl == "neg-k1" else c.approx_kl
+            per_token = ppo_ref.kl_penalty(first.detach(), second.detach(), estimator, mask=keep)
             approx_kl = ppo_ref.masked_mean(per_token, keep)
         dilution = keep.sum() / max(keep.numel(), 1)
         if clipfrac is not None and "clipfrac" in c.unmasked_statistics:
@@ -875,6 +1099,33 @@ class ReferenceVariant:
             result.ratio_max,
             result.dual_clip_frac,
         )
+
+    def _clipfrac_per_sequence(
+        self,
+        logp: Tensor,
+        old_logp: Tensor,
+        advantages: Tensor,
+        keep: Tensor,
+        clip_eps: float,
+        options: Mapping[str, Any],
+    ) -> Tensor:
+        """``clipfrac_agg='seq-mean-token-mean'``: the reference's clip fraction of each row with an
+        action token (``ppo_ref.policy_loss`` on that row alone), averaged over those rows; 0 when
+        no row has one."""
+        bounds = {k: v for k, v in options.items() if k in ("clip_eps_high", "dual_clip")}
+        fractions = []
+        for row in range(keep.shape[0]):
+            if not bool(keep[row].any()):
+                continue
+            one = slice(row, row + 1)
+            result = ppo_ref.policy_loss(
+                logp[one].detach(), old_logp[one], advantages[one], keep[one], clip_eps, **bounds
+            )
+            flat = self.conventions.clipfrac == "flat-branch"
+            fractions.append(result.clipfrac if flat else result.ratio_outside_frac)
+        if not fractions:
+            return torch.zeros((), dtype=logp.dtype)
+        return torch.stack(fractions).mean()
 
     def value_loss(
         self,

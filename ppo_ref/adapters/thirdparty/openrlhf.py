@@ -82,6 +82,8 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "policy_loss_options": ["clip_eps_high", "dual_clip", "counts"],
         "masked_fill": "finite",
         "log_ratio_clamp_statistics": "raw",
+        "compute_dtype": {"kl_penalty": "float32", "token_rewards": "float32", "kl_loss": "float32"},
+        "score_clip": 10.0,
         **FAMILY_CONVENTIONS,
     }
 )
@@ -112,6 +114,13 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "log_ratio_clamp_statistics": "openrlhf/models/loss.py PolicyLoss.forward: the ratio uses "
         "`raw_policy_log_ratio.clamp(-20, 20)`, `ppo_kl = masked_mean(-raw_policy_log_ratio.detach(), "
         "action_mask)` the unclamped one",
+        "compute_dtype": "openrlhf/models/utils.py compute_approx_kl: `log_ratio = log_probs.float() - "
+        "log_probs_base.float()` (KL in float32 on purpose, OpenRLHF #620), so kl_penalty, the KL of "
+        "token_rewards and kl_loss compute in float32 whatever they are given",
+        "score_clip": "openrlhf/models/utils.py compute_reward: `r = r.clamp(min=reward_clip_range[0], "
+        "max=reward_clip_range[1])`, called with args.reward.clip_range "
+        "(openrlhf/trainer/ppo_utils/experience_maker.py), default (-10, 10) "
+        "(openrlhf/cli/train_ppo_ray.py --reward.clip_range)",
         **FAMILY_CONVENTION_SOURCES,
     }
 )
@@ -164,8 +173,8 @@ class OpenRLHFAdapter(OpenRLHFFamilyOps):
             "entropy": _where(utils.compute_entropy) + " (the torch.compile'd function, called as is)",
             "masked_mean": _where(utils.masked_mean),
             "kl_penalty": f"{kl} on log-probs multiplied by the mask (as Actor.forward returns them)",
-            "token_rewards": f"{_where(utils.compute_reward)} (reward_clip_range=None, the function default; "
-            f"the CLI default --reward.clip_range is (-10, 10)) with kl from {kl}",
+            "token_rewards": f"{_where(utils.compute_reward)} (reward_clip_range=(-10, 10), the trainer's "
+            f"default --reward.clip_range) with kl from {kl}",
             "gae": _where(self._maker.get_advantages_and_returns) + " called unbound (self unused)",
             "policy_loss": _where(self._loss.PolicyLoss.forward),
             "value_loss": _where(self._loss.ValueLoss.forward),
@@ -221,7 +230,9 @@ class OpenRLHFAdapter(OpenRLHFFamilyOps):
         estimator: str = "k1",
     ) -> Tensor:
         kl = self._kl(logp, ref_logp, estimator, mask)
-        rewards: Tensor = self._utils.compute_reward(scores, kl_coef, kl, action_mask=_float_mask(mask, kl))
+        rewards: Tensor = self._utils.compute_reward(
+            scores, kl_coef, kl, action_mask=_float_mask(mask, kl), reward_clip_range=(-10.0, 10.0)
+        )
         return rewards
 
     def gae(

@@ -84,6 +84,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "policy_loss_options": ["clip_eps_high", "dual_clip"],
         **FAMILY_CONVENTIONS,
         "masked_fill": "finite",
+        "off_mask_outputs": ["gae", "masked_whiten"],
     }
 )
 """skyrl-train's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
@@ -115,6 +116,10 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "masked_fill": "skyrl_train/trainer.py fwd_logprobs_values_reward: log-probs and values come from "
         "forward passes over the padded sequences (finite at pad tokens); token-level rewards are 0 "
         "except the score (skyrl_train/utils/ppo_utils.py)",
+        "off_mask_outputs": "skyrl_train/utils/ppo_utils.py masked_whiten is verl's: it transforms every "
+        "entry ((values - mean) * rsqrt(var + 1e-8)), and compute_gae_advantage_return ends with it, "
+        "leaving masked-out advantages and returns non-zero; the losses read them only through "
+        "loss_mask (docs/findings.md skyrl-6-whiten)",
     }
 )
 """Where each declared convention shows in skyrl-train's code."""
@@ -302,12 +307,17 @@ class SkyRLNormalizeAdapter:
 
     name = "skyrl-normalize-advantages"
     ops: frozenset[str] = frozenset({"masked_whiten"})
-    conventions: Mapping[str, object] = MappingProxyType({"whiten_variance": "biased"})
+    conventions: Mapping[str, object] = MappingProxyType(
+        {"whiten_variance": "biased", "whiten_eps_placement": "clamp", "whiten_modes": ["shift-mean"]}
+    )
     convention_sources: Mapping[str, str] = MappingProxyType(
         {
             "whiten_variance": "skyrl_train/utils/ppo_utils.py normalize_advantages_dict: "
             "`std = ((advantages - mean).pow(2) * response_masks).sum()`, "
-            "`rstd = (std / num_actions).clamp(min=1e-8).rsqrt()` (1/n)"
+            "`rstd = (std / num_actions).clamp(min=1e-8).rsqrt()` (1/n)",
+            "whiten_eps_placement": "the same line: `.clamp(min=1e-8).rsqrt()`, the epsilon as a floor "
+            "of the variance, not added to it",
+            "whiten_modes": "normalize_advantages_dict always centres: no shift_mean=False",
         }
     )
 
@@ -316,7 +326,8 @@ class SkyRLNormalizeAdapter:
         self.version = importlib.metadata.version(DISTRIBUTION)
         self.provenance = (
             f"masked_whiten: {_where(self._normalize)} on {{'advantages': x, 'response_mask': mask}} "
-            "(shift_mean=False: the function has no such mode; it raises); every other op is not provided "
+            "(shift_mean=False: the function has no such mode, declared by whiten_modes); every other op is "
+            "not provided "
             "(see --impl=skyrl)"
         )
 

@@ -86,7 +86,7 @@ class TorchRLAdapter:
             "approx_kl": "k1",
             "loss_aggregations": ("token-mean",),
             "value_loss_scale": 1.0,
-            "kl_estimators": ("k1",),
+            "reward_kl_estimators": ("k1",),
             "policy_loss_options": (),
             "masked_fill": "finite",
             "prefix_masks": ("gae",),
@@ -104,7 +104,7 @@ class TorchRLAdapter:
             "= F.mse_loss without 1/2 (torchrl/objectives/utils.py distance_loss, "
             "torchrl/objectives/ppo.py PPOLoss.loss_critic); the adapter sets loss_critic_type='l2', "
             "critic_coeff=1 (the default 'smooth_l1' is a Huber loss)",
-            "kl_estimators": "kl = gen_lp - ref_lp only, torchrl/envs/llm/transforms/kl.py "
+            "reward_kl_estimators": "kl = gen_lp - ref_lp only, torchrl/envs/llm/transforms/kl.py "
             "KLComputation._step",
             "policy_loss_options": "torchrl/objectives/ppo.py ClipPPOLoss(clip_epsilon=...): this adapter "
             "predates CLIP-1..3 and AGG-1..3 and wires none of clip_eps_high, dual_clip, norm_constant, "

@@ -153,7 +153,7 @@ class TrlAdapter:
                 "gae_whitening": "unbiased",
                 "gae_bootstrap": "none",
                 "score_placement": "after-last-action-token",
-                "kl_estimators": ("k1", "k3"),
+                "reward_kl_estimators": ("k1", "k3"),
                 "loss_aggregations": ("token-mean",),
                 "value_clip_modes": ("clipped",),
                 "policy_loss_options": (),
@@ -188,7 +188,7 @@ class TrlAdapter:
             f"{self._where('gae')}",
             "score_placement": "rewards[i, sequence_lengths + 1] += score (first pad slot after EOS; "
             f"the last column when the response fills it): {self._where('rewards')}",
-            "kl_estimators": "kl = -logr if args.kl_estimator == 'k1' else (logr.exp() - 1) - logr; "
+            "reward_kl_estimators": "kl = -logr if args.kl_estimator == 'k1' else (logr.exp() - 1) - logr; "
             f"PPOConfig.kl_estimator: Literal['k1', 'k3']: {self._where('kl')}",
             "loss_aggregations": f"pg_loss = masked_mean(pg_loss_max, ~padding_mask) only: "
             f"{self._where('policy_loss')}",

@@ -67,6 +67,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "policy_loss_options": ["clip_eps_high", "dual_clip", "counts"],
         "masked_fill": "finite",
         "call_context": "batch-token-count",
+        "off_mask_outputs": ["gae", "masked_whiten"],
         **FAMILY_CONVENTIONS,
     }
 )
@@ -109,6 +110,10 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "verl/workers/utils/losses.py:65-68 ppo_loss copies it into config.global_batch_info, which "
         "core_algos.agg_loss divides the token sum by: the adapter passes the batch's token count "
         "when the suite gives none",
+        "off_mask_outputs": "verl/trainer/ppo/core_algos.py compute_gae_advantage_return stores the "
+        "carried lastgaelam at masked positions and takes returns = advantages + values everywhere; "
+        "verl/utils/torch_functional.py masked_whiten transforms every entry ((x - mean) * rsqrt(var + "
+        "1e-8)); the losses read them only through response_mask (docs/findings.md verl-1, verl-3)",
         **FAMILY_CONVENTION_SOURCES,
     }
 )

@@ -250,6 +250,9 @@ def generate(
     full_mask[:, :width] = prompt_mask
     attention_mask = full_mask[:, :width]
     position_ids = position_ids_from_mask(attention_mask)
+    # Without padding the mask is all ones, which transformers turns into "no mask" (causal
+    # attention) anyway: pass None and skip its per-step mask checks (the same attention calls).
+    padded = not bool(prompt_mask.all())
     positions = position_ids[:, -1:] + torch.arange(1, steps + 1, device=device)
     extra: dict[str, Any] = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
     cache = preallocated_cache(model, width + steps)
@@ -258,7 +261,7 @@ def generate(
     output = call_model(
         model,
         input_ids=prompt_ids,
-        attention_mask=attention_mask,
+        attention_mask=attention_mask if padded else None,
         position_ids=position_ids,
         use_cache=True,
         **extra,
@@ -283,7 +286,7 @@ def generate(
         output = call_model(
             model,
             input_ids=token.unsqueeze(1),
-            attention_mask=full_mask[:, : width + step + 1],
+            attention_mask=full_mask[:, : width + step + 1] if padded else None,
             position_ids=positions[:, step : step + 1],
             cache=output_cache(output),
             use_cache=True,

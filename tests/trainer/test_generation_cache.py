@@ -1,5 +1,6 @@
-"""The preallocated KV cache of ``generate`` (issue 12, part 4) gives bit for bit the samples of
-transformers' own growing ``DynamicCache``: same tokens, masks and sampling log-probs."""
+"""``generate`` with its preallocated KV cache and laid-out masks (issue 12, part 4) gives bit for bit
+the samples of the plain KV-cache loop with transformers' own growing cache: same tokens and
+sampling log-probs, with and without padded prompts."""
 
 from __future__ import annotations
 
@@ -17,8 +18,15 @@ from transformers import (
     MistralForCausalLM,
 )
 
-from ppo_ref.trainer import generation
-from ppo_ref.trainer.generation import generate, left_pad, preallocated_cache
+from ppo_ref.trainer.generation import (
+    generate,
+    left_pad,
+    position_ids_from_mask,
+    preallocated_cache,
+    sample_from_logits,
+    sampling_logprob,
+)
+from ppo_ref.trainer.models import call_model, output_cache
 
 VOCAB = 50
 
@@ -48,23 +56,47 @@ def _llama() -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-def _prompts(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _prompts(seed: int, padded: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    rows = [
-        torch.randint(2, VOCAB, (int(n),), generator=g).tolist()
-        for n in torch.randint(1, 9, (7,), generator=g)
-    ]
+    lengths = torch.randint(1, 9, (7,), generator=g) if padded else torch.full((7,), 6)
+    rows = [torch.randint(2, VOCAB, (int(n),), generator=g).tolist() for n in lengths]
     ids, mask = left_pad(rows, pad_id=0)
     uniforms = torch.rand(len(rows), 12, generator=g, dtype=torch.float64)
     return ids, mask, uniforms
 
 
-def _generate(model: Any, seed: int, preallocate: bool, monkeypatch: pytest.MonkeyPatch, **kw: Any) -> Any:
-    ids, mask, uniforms = _prompts(seed)
-    with monkeypatch.context() as patch:
-        if not preallocate:  # the model builds its own DynamicCache, as before the preallocation
-            patch.setattr(generation, "preallocated_cache", lambda model, capacity: None)
-        return generate(model, ids, mask, uniforms, eos_id=3, pad_id=0, return_logprobs=True, **kw)
+@torch.no_grad()
+def _plain_loop(model: Any, ids: torch.Tensor, mask: torch.Tensor, uniforms: torch.Tensor, **kw: Any) -> Any:
+    """The plain KV-cache loop (the sampler before issue 12): the model's own growing cache, the
+    explicit attention mask concatenated at every step, the same sampling and stopping rule."""
+    temperature, top_k, top_p = kw.get("temperature", 1.0), kw.get("top_k", 0), kw.get("top_p", 1.0)
+    attention_mask = mask.long()
+    positions = position_ids_from_mask(attention_mask)
+    nxt = positions[:, -1:] + 1
+    out = model(input_ids=ids, attention_mask=attention_mask, position_ids=positions, use_cache=True)
+    finished = torch.zeros(len(ids), dtype=torch.bool)
+    tokens, logprobs = [], []
+    for step in range(uniforms.shape[1]):
+        logits = out.logits[:, -1]
+        token = sample_from_logits(logits, uniforms[:, step], temperature, top_k, top_p)
+        logprob = sampling_logprob(logits, token, temperature, top_k, top_p)
+        logprobs.append(torch.where(finished, torch.zeros_like(logprob), logprob))
+        token = torch.where(finished, torch.zeros_like(token), token)
+        tokens.append(token)
+        finished = finished | (token == 3)
+        if step == uniforms.shape[1] - 1 or bool(finished.all()):
+            break
+        attention_mask = torch.cat([attention_mask, torch.ones(len(ids), 1, dtype=torch.long)], dim=1)
+        out = call_model(
+            model,
+            input_ids=token.unsqueeze(1),
+            attention_mask=attention_mask,
+            position_ids=nxt,
+            cache=output_cache(out),
+            use_cache=True,
+        )
+        nxt = nxt + 1
+    return torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
 
 
 @pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
@@ -72,18 +104,22 @@ def _generate(model: Any, seed: int, preallocate: bool, monkeypatch: pytest.Monk
     "sampling", [{}, {"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.8, "temperature": 1.3}], ids=str
 )
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
-def test_preallocated_cache_is_bitwise_the_dynamic_cache(
-    build: Any, sampling: dict[str, float], bf16: bool, monkeypatch: pytest.MonkeyPatch
+def test_generate_is_bitwise_the_plain_kv_cache_loop(
+    build: Any, sampling: dict[str, float], bf16: bool
 ) -> None:
     model = build()
     assert preallocated_cache(model, 20) is not None  # the fast path is the one under test
-    for seed in range(3):
+    ended = []
+    for seed, padded in [(0, True), (1, True), (2, True), (3, False), (4, False)]:
+        ids, mask, uniforms = _prompts(seed, padded)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            fast = _generate(model, seed, True, monkeypatch, **sampling)
-            plain = _generate(model, seed, False, monkeypatch, **sampling)
-        for name in ("response_ids", "response_mask", "ended", "logprobs"):
-            a, b = getattr(fast, name), getattr(plain, name)
-            assert a.dtype == b.dtype and torch.equal(a, b), f"{name} differs (seed {seed})"
+            fast = generate(model, ids, mask, uniforms, eos_id=3, pad_id=0, return_logprobs=True, **sampling)
+            tokens, logprobs = _plain_loop(model, ids, mask, uniforms, **sampling)
+        assert torch.equal(fast.response_ids, tokens), f"tokens differ (seed {seed}, padded {padded})"
+        assert fast.logprobs is not None and fast.logprobs.dtype == logprobs.dtype
+        assert torch.equal(fast.logprobs, logprobs), f"log-probs differ (seed {seed}, padded {padded})"
+        ended.append(fast.ended)
+    assert bool(torch.cat(ended).any()) and not bool(torch.cat(ended).all())  # EOS stops some rows
 
 
 def test_layers_fill_their_storage_and_return_views() -> None:

@@ -338,12 +338,13 @@ def test_describe_records_the_test_tool_versions() -> None:
 
 
 def test_every_finding_has_a_reach_evidence_and_its_script() -> None:
-    """docs/findings.md: each entry names its implementations, a known reach and the test ids it
-    explains; a trainer-path, non-default or metrics-only entry names a script under findings/repro/
-    that exists."""
+    """docs/findings.md and docs/findings-family.md: each entry names its implementations, a known
+    reach and the test ids it explains; a trainer-path, non-default or metrics-only entry names a
+    script under findings/repro/ that exists."""
     tool = _tool()
-    found = tool.load_findings([REPO / "docs" / "findings.md"])
+    found = tool.load_findings(list(tool.FINDINGS_FILES))
     assert len(found) >= 30
+    assert len({f.source for f in found.values()}) == len([p for p in tool.FINDINGS_FILES if p.exists()])
     for finding in found.values():
         assert finding.reach in tool.REACHES, finding.id
         assert finding.explains, finding.id

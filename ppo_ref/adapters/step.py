@@ -1,0 +1,274 @@
+"""The trainer-step tier (spec STEP-1..5): an optional adapter capability that runs one
+optimisation step of a library's own training code on a tiny model and a fixed batch.
+
+The op contract (:mod:`ppo_ref.adapters.base`) calls a library's loss functions one at a time; the
+bugs that live *between* the ops (how a trainer normalises the loss over micro-batches and
+gradient accumulation, what padding does to the loss, which rows its rollout path treats as
+truncated) are out of its reach. A step runner reaches them: it takes a :class:`StepBatch`
+(prompts, completions and scores as token ids and floats, nothing library-specific), feeds it to
+the library's own rollout-to-advantage and loss-and-backward path, and returns a
+:class:`StepResult`: the gradient of the objective accumulated over the step's micro-batches
+(what a plain-SGD step with learning rate 1 subtracts from the parameters), the loss and the
+statistics the library logs.
+
+An adapter offers the tier through an attribute ``step`` holding a :class:`StepRunner`; the
+suite (``conformance/test_step_tier.py``) skips the tier when the attribute is missing. The
+runner builds its own tiny model from a fixed seed, so results compare within one runner (the
+same batch split two ways, padded two ways), never across libraries.
+
+Example (ppo-ref's own trainer)::
+
+    >>> from ppo_ref.adapters.step import StepBatch, example_batch
+    >>> batch = example_batch()
+    >>> len(batch.completions), batch.group_size, batch.budget
+    (8, 4, 6)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "STEP_STATISTICS",
+    "StepBatch",
+    "StepResult",
+    "StepRunner",
+    "example_batch",
+    "gradient_difference",
+    "step_problems",
+]
+
+STEP_STATISTICS: tuple[str, ...] = ("max_abs_log_ratio", "clipfrac", "approx_kl")
+"""Statistics a runner reports when its library computes them (None where it does not):
+``max_abs_log_ratio`` = max over action tokens of ``|logp - old_logp|`` before any update (the
+step-0 ratio is exp of it), ``clipfrac`` the fraction of action tokens whose ratio was clipped,
+``approx_kl`` the library's approximate KL between the policy and the rollout policy."""
+
+
+def _check_ids(name: str, rows: tuple[tuple[int, ...], ...], vocab_size: int) -> None:
+    for index, row in enumerate(rows):
+        if not isinstance(row, tuple) or not all(isinstance(t, int) and 0 <= t < vocab_size for t in row):
+            raise ValueError(f"{name}: row {index} must be a tuple of token ids in [0, {vocab_size}), got {row!r}")
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One fixed rollout batch, library-neutral.
+
+    Attributes:
+        prompt_ids: G prompts (token ids, all the same length P >= 1, no padding).
+        completions: B = G * group_size completions; row ``i`` answers prompt ``i // group_size``.
+            A row that ends with ``eos_id`` is terminal (it may be as long as ``budget``); a row of
+            exactly ``budget`` tokens without EOS was cut at the budget (truncated). EOS appears
+            only as a row's last token. Lengths 1..budget.
+        scores: (B,) the reward of each completion (the library turns them into advantages).
+        group_size: completions per prompt (>= 2).
+        budget: the token budget (max completion length).
+        eos_id, pad_id, vocab_size: the tokenizer's ids (``eos_id != pad_id``).
+
+    Sign convention: scores are rewards (higher is better); the runner minimises its loss.
+    """
+
+    prompt_ids: tuple[tuple[int, ...], ...]
+    completions: tuple[tuple[int, ...], ...]
+    scores: tuple[float, ...]
+    group_size: int
+    budget: int
+    eos_id: int = 1
+    pad_id: int = 0
+    vocab_size: int = 16
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.vocab_size, int) or self.vocab_size < 3:
+            raise ValueError(f"vocab_size: expected an int >= 3, got {self.vocab_size!r}")
+        for name in ("eos_id", "pad_id"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 <= value < self.vocab_size:
+                raise ValueError(f"{name}: expected a token id in [0, {self.vocab_size}), got {value!r}")
+        if self.eos_id == self.pad_id:
+            raise ValueError("eos_id: must differ from pad_id (a padded column must not read as an EOS)")
+        if not isinstance(self.group_size, int) or self.group_size < 2:
+            raise ValueError(f"group_size: expected an int >= 2, got {self.group_size!r}")
+        if not isinstance(self.budget, int) or self.budget < 1:
+            raise ValueError(f"budget: expected an int >= 1, got {self.budget!r}")
+        if not self.prompt_ids or len({len(p) for p in self.prompt_ids}) != 1 or not self.prompt_ids[0]:
+            raise ValueError("prompt_ids: expected >= 1 prompts, all of the same length >= 1")
+        _check_ids("prompt_ids", self.prompt_ids, self.vocab_size)
+        _check_ids("completions", self.completions, self.vocab_size)
+        rows = len(self.prompt_ids) * self.group_size
+        if len(self.completions) != rows:
+            raise ValueError(f"completions: expected {rows} rows (prompts x group_size), got {len(self.completions)}")
+        for index, row in enumerate(self.completions):
+            if not 1 <= len(row) <= self.budget:
+                raise ValueError(f"completions: row {index} has {len(row)} tokens, expected 1..{self.budget}")
+            if self.eos_id in row[:-1]:
+                raise ValueError(f"completions: row {index} has an EOS before its last token")
+            if self.eos_id not in row and len(row) != self.budget:
+                raise ValueError(f"completions: row {index} neither ends with EOS nor fills the budget")
+        if len(self.scores) != rows or not all(
+            isinstance(s, (int, float)) and math.isfinite(s) for s in self.scores
+        ):
+            raise ValueError(f"scores: expected {rows} finite floats, got {self.scores!r}")
+
+    @property
+    def size(self) -> int:
+        """B, the number of completions."""
+        return len(self.completions)
+
+    @property
+    def truncated(self) -> tuple[bool, ...]:
+        """(B,) True for a row cut at the budget (no EOS): the only rows STEP-5 lets a library
+        bootstrap, penalise or mask as truncated."""
+        return tuple(row[-1] != self.eos_id for row in self.completions)
+
+    def with_completion(self, row: int, tokens: tuple[int, ...]) -> StepBatch:
+        """A copy with completion ``row`` replaced (the scores kept)."""
+        completions = list(self.completions)
+        completions[row] = tokens
+        return StepBatch(
+            self.prompt_ids,
+            tuple(completions),
+            self.scores,
+            self.group_size,
+            self.budget,
+            self.eos_id,
+            self.pad_id,
+            self.vocab_size,
+        )
+
+
+@dataclass
+class StepResult:
+    """What one step of a library's training code produced.
+
+    Attributes:
+        gradient: parameter name -> float64 gradient of the step's objective, accumulated over its
+            micro-batches (before any clipping; plain SGD with learning rate 1 subtracts exactly this).
+        loss: the objective the gradient is of (the sum of the micro-batches' backward losses).
+        stats: the logged statistics of :data:`STEP_STATISTICS` (None where the library has none),
+            plus any library-specific extras.
+    """
+
+    gradient: dict[str, Tensor]
+    loss: float
+    stats: dict[str, float | None] = field(default_factory=dict)
+
+
+@runtime_checkable
+class StepRunner(Protocol):
+    """The step capability (attribute ``step`` of an adapter).
+
+    ``loss_modes`` lists every loss aggregation the library offers under its own names;
+    ``micro_batch_local`` maps each mode that the library *documents* as normalised within a
+    micro-batch to where it says so (a declared convention: STEP-2's dependence on the split is
+    measured and reported for it, not failed). ``provenance`` names the library code each run goes
+    through.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def provenance(self) -> str: ...
+
+    @property
+    def loss_modes(self) -> tuple[str, ...]: ...
+
+    @property
+    def micro_batch_local(self) -> Mapping[str, str]: ...
+
+    def run(
+        self, batch: StepBatch, *, loss_mode: str, micro_batches: int = 1, pad_to: int | None = None,
+        pad_fill: int | None = None,
+    ) -> StepResult:
+        """One step on ``batch``: ``micro_batches`` equal parts with gradient accumulation (through
+        the library's own split), completions padded to ``pad_to`` columns (>= the longest; None:
+        the library's own width) with ``pad_fill`` written in the padding slots (None: the pad id)."""
+        ...
+
+    def truncated_rows(self, batch: StepBatch) -> tuple[bool, ...]:
+        """(B,) which rows the library's own rollout-to-advantage path treats as truncated
+        (bootstrapped, penalised for a missing EOS, or masked as truncated)."""
+        ...
+
+
+def step_problems(runner: object) -> list[str]:
+    """What is wrong with ``runner`` as a :class:`StepRunner` (empty: nothing)."""
+    problems: list[str] = []
+    for attribute in ("name", "version", "provenance"):
+        value = getattr(runner, attribute, None)
+        if not isinstance(value, str) or not value:
+            problems.append(f"{attribute}: expected a non-empty str, got {value!r}")
+    modes = getattr(runner, "loss_modes", None)
+    if not isinstance(modes, tuple) or not modes or not all(isinstance(m, str) for m in modes):
+        problems.append(f"loss_modes: expected a non-empty tuple of str, got {modes!r}")
+    local = getattr(runner, "micro_batch_local", None)
+    if not isinstance(local, Mapping) or (isinstance(modes, tuple) and not set(local) <= set(modes)):
+        problems.append(f"micro_batch_local: expected a Mapping from loss_modes to a source, got {local!r}")
+    for method in ("run", "truncated_rows"):
+        if not callable(getattr(runner, method, None)):
+            problems.append(f"{method}: expected a method")
+    return problems
+
+
+def gradient_difference(first: StepResult, second: StepResult) -> tuple[float, float]:
+    """``(max abs difference, max abs entry)`` of two results' gradients over every parameter.
+
+    Example: gradients ``{"w": [1.0, -2.0]}`` and ``{"w": [1.0, -2.5]}`` give ``(0.5, 2.0)``.
+    """
+    if set(first.gradient) != set(second.gradient):
+        raise ValueError("second: the results' gradients name different parameters")
+    if not first.gradient:
+        raise ValueError("first: the result has no gradient")
+    diff = max(float((first.gradient[k] - second.gradient[k]).abs().max()) for k in first.gradient)
+    scale = max(float(g.abs().max()) for g in first.gradient.values())
+    return diff, scale
+
+
+def example_batch(budget: int = 6, vocab_size: int = 16, prompt_length: int = 9) -> StepBatch:
+    """The suite's batch: 2 prompts (``prompt_length`` tokens) x 4 completions of unequal lengths
+    1..budget, one row ending with EOS exactly at the budget (the longest, filling the padded
+    width), two rows cut at the budget, scores spread within each group. Deterministic; ids 3..
+    are ordinary tokens. A ``prompt_length`` that is a multiple of a padded width leaves the
+    prompts unpadded under a pad-to-multiple rule (so completion padding is tested alone)."""
+    if not isinstance(budget, int) or budget < 4:
+        raise ValueError(f"budget: expected an int >= 4, got {budget!r}")
+    if not isinstance(prompt_length, int) or prompt_length < 1:
+        raise ValueError(f"prompt_length: expected an int >= 1, got {prompt_length!r}")
+    if not isinstance(vocab_size, int) or vocab_size < 8:
+        raise ValueError(f"vocab_size: expected an int >= 8, got {vocab_size!r}")
+    generator = torch.Generator().manual_seed(7)
+
+    def tokens(n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in torch.randint(3, vocab_size, (n,), generator=generator))
+
+    eos = 1
+    completions = (
+        tokens(budget - 1) + (eos,),  # EOS exactly at the budget: terminal
+        tokens(1) + (eos,),
+        tokens(budget),  # cut at the budget: truncated
+        tokens(3) + (eos,),
+        (eos,),
+        tokens(budget - 3) + (eos,),
+        tokens(budget - 2) + (eos,),
+        tokens(budget),  # truncated
+    )
+    return StepBatch(
+        prompt_ids=(tokens(prompt_length), tokens(prompt_length)),
+        completions=completions,
+        scores=(1.0, 0.0, 0.5, -1.0, 0.25, 1.5, -0.5, 0.0),
+        group_size=4,
+        budget=budget,
+        eos_id=eos,
+        pad_id=0,
+        vocab_size=vocab_size,
+    )

@@ -1,0 +1,228 @@
+"""Trainer-step tier for ppo-ref's own trainer (spec STEP-1..5; contract :mod:`ppo_ref.adapters.step`).
+
+Each run goes through the trainer's code, stage by stage: the response mask and stop reason of
+the generator (:func:`ppo_ref.trainer.generation.first_eos_mask`, limited to the token budget as
+the generator is), stage 4's forward (:meth:`ActorCritic.response_outputs` without gradient: the
+old log-probs), stage 5's token rewards (:func:`ppo_ref.token_rewards`), stage 6's estimator
+from :data:`ppo_ref.trainer.estimators.ADVANTAGE_ESTIMATORS` (``grpo``), and stage 7's
+:func:`ppo_ref.trainer.update.minibatch_backward` with ``micro_batch_size = B / micro_batches``
+(gradient accumulation). The gradient is the accumulated ``.grad`` of the policy before any
+clipping or optimizer step. The model is a tiny GPT-2 (2 layers, width 32, dropout 0) in float64,
+built from a fixed seed.
+
+Loss modes: the four ``loss_agg`` modes with ``policy_loss = "ppo"`` (their names), and
+``cispo`` (token-mean) and ``gspo`` (seq-mean-token-mean).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ppo_ref.adapters.step import StepBatch, StepResult
+
+__all__ = ["MineStep", "make_step"]
+
+LOSS_MODES: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+    "cispo",
+    "gspo",
+)
+
+
+def _mode_settings(loss_mode: str) -> dict[str, Any]:
+    if loss_mode not in LOSS_MODES:
+        raise ValueError(f"loss_mode: expected one of {LOSS_MODES}, got {loss_mode!r}")
+    if loss_mode == "cispo":
+        return {"policy_loss": "cispo", "loss_agg": "token-mean"}
+    if loss_mode == "gspo":
+        return {"policy_loss": "gspo", "loss_agg": "seq-mean-token-mean"}
+    return {"policy_loss": "ppo", "loss_agg": loss_mode}
+
+
+def _rounded(width: int, pad_to: int | None) -> int:
+    if pad_to is None:
+        return width
+    return math.ceil(width / pad_to) * pad_to
+
+
+class MineStep:
+    """One stage-7 step of ppo-ref's trainer on a :class:`StepBatch` (see the module docstring)."""
+
+    name = "mine"
+    loss_modes = LOSS_MODES
+    micro_batch_local: Mapping[str, str] = MappingProxyType({})
+    provenance = (
+        "ppo_ref.trainer: generation.first_eos_mask, ActorCritic.response_outputs (stage 4), "
+        "token_rewards (stage 5), ADVANTAGE_ESTIMATORS['grpo'] / ['gae'] (stage 6), "
+        "update.minibatch_backward with micro_batch_size (stage 7)"
+    )
+
+    def __init__(self, seed: int = 0) -> None:
+        import ppo_ref
+
+        self.version = ppo_ref.__version__
+        self.seed = seed
+
+    def _actor_critic(self, vocab_size: int) -> Any:
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        from ppo_ref.trainer.models import ActorCritic
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            policy = GPT2LMHeadModel(
+                GPT2Config(
+                    vocab_size=vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2,
+                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, eos_token_id=1, bos_token_id=1, pad_token_id=0,
+                )
+            ).double()
+        return ActorCritic(policy)
+
+    def _config(self, batch: StepBatch, micro_batches: int, **settings: Any) -> Any:
+        from ppo_ref.trainer.config import TrainerConfig
+
+        if not isinstance(micro_batches, int) or micro_batches < 1 or batch.size % micro_batches:
+            raise ValueError(f"micro_batches: expected a divisor of {batch.size}, got {micro_batches!r}")
+        values: dict[str, Any] = {
+            "rollout_batch_size": batch.size,
+            "num_minibatches": 1,
+            "micro_batch_size": batch.size // micro_batches,
+            "max_new_tokens": batch.budget,
+            "advantage_estimator": "grpo",
+            "group_size": batch.group_size,
+            "kl_coef": 0.0,
+            "max_grad_norm": None,
+            "tensorboard": False,
+            "progress_bar": False,
+            "plots": False,
+        }
+        values.update(settings)
+        return TrainerConfig(**values)
+
+    def _rollout(
+        self, batch: StepBatch, actor_critic: Any, config: Any, pad_to: int | None, pad_fill: int | None
+    ) -> Any:
+        from ppo_ref import token_rewards
+        from ppo_ref.trainer.data import Rollout, ScoredBatch, SequenceBatch
+        from ppo_ref.trainer.generation import first_eos_mask
+
+        if pad_to is not None and (not isinstance(pad_to, int) or pad_to < 1):
+            raise ValueError(f"pad_to: expected an int >= 1 or None, got {pad_to!r}")
+        fill = batch.pad_id if pad_fill is None else pad_fill
+        if not 0 <= fill < batch.vocab_size or fill == batch.eos_id:
+            raise ValueError(f"pad_fill: expected a non-EOS token id in [0, {batch.vocab_size}), got {pad_fill}")
+        rows = batch.size
+        prompts = [batch.prompt_ids[i // batch.group_size] for i in range(rows)]
+        width_p = _rounded(len(prompts[0]), pad_to)
+        width_r = _rounded(max(len(c) for c in batch.completions), pad_to)
+        prompt_ids = torch.full((rows, width_p), fill, dtype=torch.long)
+        prompt_mask = torch.zeros((rows, width_p), dtype=torch.long)
+        response_ids = torch.full((rows, width_r), fill, dtype=torch.long)
+        lengths = torch.tensor([len(c) for c in batch.completions])
+        for i, (prompt, completion) in enumerate(zip(prompts, batch.completions, strict=True)):
+            prompt_ids[i, width_p - len(prompt) :] = torch.tensor(prompt)
+            prompt_mask[i, width_p - len(prompt) :] = 1
+            response_ids[i, : len(completion)] = torch.tensor(completion)
+        eos_mask, ended = first_eos_mask(response_ids, batch.eos_id)
+        # the generator writes at most max_new_tokens columns; padding beyond them is never an action
+        mask = eos_mask & (torch.arange(width_r).unsqueeze(0) < lengths.unsqueeze(1))
+        sequences = SequenceBatch.build(prompt_ids, prompt_mask, response_ids, mask)
+        with torch.no_grad():
+            old = actor_critic.response_outputs(sequences, config.temperature, need_values=False).logprobs
+        scores = torch.tensor(batch.scores, dtype=old.dtype)
+        rewards = token_rewards(scores, old, old, mask, 0.0)
+        zeros = torch.zeros_like(old)
+        return Rollout(
+            iteration=0,
+            sample_index=torch.arange(rows),
+            prompts=[" ".join(map(str, p)) for p in prompts],
+            responses=[" ".join(map(str, c)) for c in batch.completions],
+            sequences=sequences,
+            ended=ended,
+            valid=torch.ones(rows, dtype=torch.bool),
+            scored=ScoredBatch(scores, torch.zeros_like(scores), scores),
+            old_logprobs=old,
+            ref_logprobs=old,
+            values=zeros,
+            bootstrap_values=torch.zeros(rows, dtype=old.dtype),
+            entropy=zeros,
+            kl_coef=0.0,
+            kl=zeros,
+            rewards=rewards,
+            raw_advantages=zeros,
+            returns=zeros,
+            advantages=zeros,
+        )
+
+    def run(
+        self,
+        batch: StepBatch,
+        *,
+        loss_mode: str,
+        micro_batches: int = 1,
+        pad_to: int | None = None,
+        pad_fill: int | None = None,
+    ) -> StepResult:
+        """One stage-7 step of the trainer on ``batch`` (module docstring)."""
+        from ppo_ref.trainer.data import TrainingBatch
+        from ppo_ref.trainer.estimators import ADVANTAGE_ESTIMATORS
+        from ppo_ref.trainer.update import minibatch_backward
+
+        config = self._config(batch, micro_batches, **_mode_settings(loss_mode))
+        actor_critic = self._actor_critic(batch.vocab_size)
+        rollout = self._rollout(batch, actor_critic, config, pad_to, pad_fill)
+        advantages, returns = ADVANTAGE_ESTIMATORS["grpo"](rollout, config)
+        training = TrainingBatch(
+            rollout.sequences, rollout.mask, rollout.old_logprobs, rollout.values, advantages, returns
+        )
+        losses: list[Tensor] = []
+
+        def backward(loss: Tensor) -> None:
+            losses.append(loss.detach())
+            loss.backward()
+
+        result = minibatch_backward(actor_critic, training, config, contextlib.nullcontext, backward)
+        gradient = {
+            name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().clone()
+            for name, p in actor_critic.policy.named_parameters()
+        }
+        stats: dict[str, float | None] = {
+            "max_abs_log_ratio": result.max_abs_log_ratio,
+            "clipfrac": result.clipfrac,
+            "approx_kl": result.approx_kl,
+        }
+        return StepResult(gradient=gradient, loss=float(sum(float(x) for x in losses)), stats=stats)
+
+    def truncated_rows(self, batch: StepBatch) -> tuple[bool, ...]:
+        """Rows whose GAE advantages (stage 6's ``gae`` entry with ``truncation = "bootstrap"``) move
+        with the critic's bootstrap value: a row bootstrapped as truncated."""
+        from dataclasses import replace
+
+        from ppo_ref.trainer.estimators import ADVANTAGE_ESTIMATORS
+
+        config = self._config(
+            batch, 1, advantage_estimator="gae", group_size=1, truncation="bootstrap"
+        )
+        actor_critic = self._actor_critic(batch.vocab_size)
+        rollout = self._rollout(batch, actor_critic, config, None, None)
+        results = []
+        for value in (0.0, 1.0):
+            boot = torch.full_like(rollout.bootstrap_values, value)
+            results.append(ADVANTAGE_ESTIMATORS["gae"](replace(rollout, bootstrap_values=boot), config)[0])
+        moved = (results[0] - results[1]).abs().amax(dim=1) > 0
+        return tuple(bool(m) for m in moved)
+
+
+def make_step() -> MineStep:
+    """ppo-ref's own step runner."""
+    return MineStep()

@@ -12,7 +12,9 @@ and calls ``backward()``):
 Every side calls the library's own function (verl 0.9.1 ``core_algos.py`` and
 ``rollout_corr_helper.py``; OpenRLHF 0.11.2 ``models/loss.py``, ``models/utils.py`` and, for the
 group advantages it keeps inline, the pinned lines of ``experience_maker.py`` run through
-:mod:`ppo_ref.adapters.thirdparty._inline`; skyrl-train 0.3.1 ``utils/ppo_utils.py``), with the
+:mod:`ppo_ref.adapters.thirdparty._inline`; skyrl-train 0.3.1 ``utils/ppo_utils.py``; TRL 1.16
+``GRPOTrainer``'s inline group block, pinned the same way: its losses are inline code that reads
+trainer attributes and are not benchmarked), with the
 arguments the library's trainer hands it (float masks, token-level rewards of width 1 and a numpy
 index for verl's and skyrl's estimators, per-token advantages for the sequence losses). Argument
 conversion happens once, outside the timed call; ppo-ref gets bool masks and (B,) group ids.
@@ -29,7 +31,7 @@ Two ways to run it:
 - ``bench/test_family_ops.py``: the same cases under pytest-benchmark, one implementation per run
   (``--bench-impl``); small shapes under ``--benchmark-disable``.
 
-Side names: ``mine``, ``verl``, ``openrlhf``, ``skyrl``; a library's second implementation of an
+Side names: ``mine``, ``verl``, ``openrlhf``, ``skyrl``, ``trl116``; a library's second implementation of an
 op gets its own label (verl's Python-loop ``grpo``/``rloo`` estimators, the defaults of its
 ``adv_estimator``, are ``verl-loop``).
 """
@@ -61,7 +63,7 @@ if str(ROOT) not in sys.path:
 
 import ppo_ref  # noqa: E402
 
-SIDES = ("mine", "verl", "openrlhf", "skyrl")
+SIDES = ("mine", "verl", "openrlhf", "skyrl", "trl116")
 LIBRARIES = SIDES[1:]
 
 
@@ -611,11 +613,48 @@ def skyrl_cases(data: dict[str, Tensor]) -> list[Case]:
     return cases
 
 
+# ---------------------------------------------------------------------------------------------
+# TRL 1.16 (GRPOTrainer): the group block only
+
+TRL_ADVANTAGE_BLOCK = dict(
+    module="trl.trainer.grpo_trainer",
+    qualname="GRPOTrainer._generate_and_score_completions",
+    first="mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)",
+    last="is_std_zero = torch.isclose(std_rewards, torch.zeros_like(std_rewards))  # for logging",
+    digest="e4b94e8e0e40da30",
+)
+
+
+def trl116_cases(data: dict[str, Tensor]) -> list[Case]:
+    """TRL 1.16 ``GRPOTrainer``'s inline advantage block (``scale_rewards`` "group" for grpo, "none"
+    for dr_grpo; TRL's epsilon 1e-4), run from the installed source. Its losses are inline in
+    ``_compute_loss`` and read a dozen trainer attributes: not benchmarked here."""
+    from ppo_ref.adapters.thirdparty import _inline
+
+    block = _inline.locate(_inline.InlineBlock(**TRL_ADVANTAGE_BLOCK))
+    size = int(torch.bincount(data["group_ids"]).max())
+    scores = data["scores"]
+    cases = []
+    for method, scale in (("grpo", "group"), ("dr_grpo", "none")):
+        trainer = SimpleNamespace(scale_rewards=scale)
+
+        def run(trainer: Any = trainer) -> Tensor:
+            result: Tensor = block.run(self=trainer, rewards=scores, num_generations=size)["advantages"]
+            return result
+
+        note = f"scale_rewards={scale!r}, contiguous groups of equal size"
+        cases.append(
+            Case(f"group_advantages/{method}", "trl116", run, _ref_group(data, method, 1e-4), note=note)
+        )
+    return cases
+
+
 BUILDERS: dict[str, Callable[[dict[str, Tensor]], list[Case]]] = {
     "mine": mine_cases,
     "verl": verl_cases,
     "openrlhf": openrlhf_cases,
     "skyrl": skyrl_cases,
+    "trl116": trl116_cases,
 }
 
 
@@ -849,26 +888,160 @@ def _progress(key: str, result: dict[str, Any]) -> None:
     print(f"[family {time.strftime('%H:%M:%S')}] {key}: {cells} ms{tail}", file=sys.stderr, flush=True)
 
 
-def table(report: dict[str, Any]) -> str:
-    """The markdown table of a :func:`compare` report."""
-    labels = ["mine", "verl", "verl-loop", "openrlhf", "skyrl"]
+LABELS = ("mine", "verl", "verl-loop", "openrlhf", "skyrl", "trl116")
+SECTION_BEGIN = (
+    "<!-- family-ops-section: written by python bench/family_side.py --compare --write-results -->"
+)
+SECTION_END = "<!-- family-ops-section end -->"
+TARGET = 1.1
+"""Issue 14's target: ppo-ref within 1.1x of the fastest library."""
+
+
+def _ratio_cell(result: dict[str, Any], metric: str) -> str:
+    ratio = result.get(f"ratio_{metric}")
+    if not ratio:
+        return "-"
+    return f"{ratio['median']:.2f} vs {ratio['fastest']} ({ratio['min']:.2f}-{ratio['max']:.2f})"
+
+
+def table(reports: list[dict[str, Any]]) -> str:
+    """Markdown table of the first report's median milliseconds (wall), and mine / fastest library
+    per report in process CPU time and in wall time (median of the per-round ratios, min-max in
+    brackets). The verdict reads the CPU-time ratios: met when every run's median is within 1.1."""
+    first = reports[0]
+    runs = []
+    for i in range(len(reports)):
+        runs += [f"run {i + 1}: mine / fastest, CPU time", f"run {i + 1}: wall time"]
     lines = [
-        "| op / variant / pass | " + " | ".join(labels) + " | mine / fastest, median of rounds (min-max) |",
-        "|---|" + "---|" * (len(labels) + 1),
+        "| op / variant / pass | " + " | ".join(LABELS) + " | " + " | ".join(runs) + " | target 1.1x |",
+        "|---|" + "---|" * (len(LABELS) + len(runs) + 1),
     ]
-    for key, result in report["results"].items():
-        cells = []
-        for label in labels:
-            impl = result["impls"].get(label)
-            cells.append(f"{impl['median_ms']:.2f}" if impl else "-")
-        ratio = result.get("ratio_wall")
-        verdict = (
-            f"{ratio['median']:.2f} vs {ratio['fastest']} ({ratio['min']:.2f}-{ratio['max']:.2f})"
-            if ratio
-            else "-"
-        )
-        lines.append(f"| {key} | " + " | ".join(cells) + f" | {verdict} |")
+    for key, result in first["results"].items():
+        cells = [
+            f"{result['impls'][label]['median_ms']:.2f}" if label in result["impls"] else "-"
+            for label in LABELS
+        ]
+        ratios = []
+        for report in reports:
+            other = report["results"].get(key, {})
+            ratios += [_ratio_cell(other, "cpu"), _ratio_cell(other, "wall")]
+        medians = [
+            r["results"][key]["ratio_cpu"]["median"]
+            for r in reports
+            if "ratio_cpu" in r["results"].get(key, {})
+        ]
+        verdict = "-" if not medians else ("met" if max(medians) <= TARGET else "**missed**")
+        lines.append(f"| {key} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {verdict} |")
     return "\n".join(lines)
+
+
+def section(reports: list[dict[str, Any]]) -> str:
+    """The RESULTS.md section for one or more :func:`compare` reports (the first gives the times)."""
+    first = reports[0]
+    shapes = first["shapes"]
+    runs = []
+    for i, report in enumerate(reports):
+        load = report["load"]
+        runs.append(
+            f"run {i + 1} {report['when']} ({report.get('commit', '?')}), {report['rounds']} rounds, "
+            f"{report['seconds']:.0f} s, load average (1/5/15 min) at the start "
+            f"{'/'.join(f'{v:.1f}' for v in load['start'])}, at "
+            f"the end {'/'.join(f'{v:.1f}' for v in load['end'])}"
+        )
+    differences: dict[str, float] = {}
+    for result in first["results"].values():
+        for label, check in result["checks"].items():
+            differences[label] = max([differences.get(label, 0.0), *check.values()])
+    lines = [
+        SECTION_BEGIN,
+        "",
+        "## PPO-family ops at large shapes, side by side (issue 14, part 4)",
+        "",
+        "`python bench/family_side.py --compare --rounds "
+        f"{first['rounds']} --write-results` (from `.venv`; each "
+        "library in its own `.envs/NAME`, one long-lived worker process per implementation, "
+        f"{first['threads']} torch threads, `OMP_WAIT_POLICY={first['omp_wait_policy']}`). Raw data: "
+        "`bench/results/family*.json`. Group advantages: B = "
+        f"{shapes['group_rows']:,} scores in groups of "
+        f"{shapes['group_size']}; the rest: B = {shapes['rows']}, "
+        f"T = {shapes['steps']}, right padding (each row keeps "
+        "T/2 to T tokens). `fwd` runs without autograd, "
+        "`fwd+bwd` builds the graph and calls `backward()`. Each round times a block of calls of every "
+        "implementation, in an order that alternates between rounds; the ratio is ppo-ref's median over the "
+        "fastest library's median in the same round, and the "
+        "table gives the median over the rounds (min-max). "
+        "Milliseconds are run 1's medians over all its calls. The machine (2 cores) was shared with other "
+        "jobs throughout: absolute times vary several-fold; only the ratios within a round compare.",
+        "",
+        *[f"- {line}" for line in runs],
+        f"- {first['machine']}, torch {first['torch']}.",
+        "- What each side calls (arguments converted once, "
+        "outside the timed call; ppo-ref gets bool masks and "
+        "(B,) group ids, the libraries float masks, width-1 token rewards with a numpy index, per-token "
+        "advantages for the sequence losses): verl 0.9.1 `compute_grpo_vectorized_outcome_advantage`, "
+        "`compute_rloo_vectorized_outcome_advantage` (`verl-loop`: `compute_grpo_outcome_advantage` and "
+        "`compute_rloo_outcome_advantage`, the ones the "
+        "`grpo`/`rloo` estimator names select), `agg_loss`, the "
+        "registered `vanilla`/`gspo`/`cispo` policy losses with an `ActorConfig`, `kl_penalty` + `agg_loss`, "
+        "`compute_rollout_correction_weights` (its metrics "
+        "included); OpenRLHF 0.11.2 the pinned group block of "
+        "`compute_advantages_and_returns` (equal contiguous groups "
+        "only), `PolicyLoss` (ppo with `dual_clip`, gspo), "
+        "`aggregate_loss`, `compute_approx_kl` + `aggregate_loss`; skyrl-train 0.3.1 "
+        "`compute_grpo_outcome_advantage`, `compute_rloo_outcome_advantage`, `reduce_loss`, the registered "
+        "`dual_clip`/`gspo`/`cispo` losses, `compute_approx_kl` + the worker's sequence mean (no gradient: "
+        "`@torch.no_grad`, SkyRL #1340); TRL 1.16 GRPOTrainer's pinned group block (its losses are inline in "
+        "`_compute_loss` and not benchmarked). A `-` is an "
+        "op the library has no function for (OpenRLHF's and "
+        "skyrl's rollout corrections live inside their policy losses).",
+        "- Same numbers: every case's value (and gradient) minus ppo-ref's under the library's conventions "
+        "(epsilon, aggregation), largest over the cases: "
+        + ", ".join(f"{label} {diff:.1e}" for label, diff in sorted(differences.items()))
+        + ".",
+    ]
+    lines.append(
+        "- Where ppo-ref misses the target, and why: `bench/PERF-NOTES.md`, section "
+        '"PPO-family ops (issue 14)".'
+    )
+    if first["skipped"]:
+        lines.append("- Not run: " + "; ".join(f"{k} ({v})" for k, v in first["skipped"].items()) + ".")
+    lines += ["", table(reports), "", SECTION_END]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str, path: Path) -> None:
+    """Replace the family section of ``path`` (between its markers), or append it."""
+    current = path.read_text() if path.exists() else ""
+    if SECTION_BEGIN in current and SECTION_END in current:
+        head, _, rest = current.partition(SECTION_BEGIN)
+        _, _, tail = rest.partition(SECTION_END)
+        current = head + text.rstrip("\n") + tail
+    else:
+        current = current.rstrip("\n") + "\n\n" + text
+    path.write_text(current)
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    measured = [f"ppo_ref/{name}.py" for name in MEASURED_MODULES]
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", *measured], cwd=ROOT, capture_output=True, text=True
+    )
+    suffix = " + uncommitted changes to the measured functions" if dirty.stdout.strip() else ""
+    return done.stdout.strip() + suffix
+
+
+MEASURED_MODULES = (
+    "group",
+    "aggregation",
+    "losses",
+    "variants",
+    "kl_loss",
+    "correction",
+    "masked",
+    "_validate",
+)
+"""The modules of ppo_ref whose functions the cases call (a change elsewhere does not move the figures)."""
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -887,6 +1060,14 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", nargs="*", default=[], help="case-key prefixes to run (default: all)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "family.json"))
     parser.add_argument("--log", default="/tmp/ppo-ref-family-bench.log", help="the workers' stderr")
+    parser.add_argument("--write-results", action="store_true", help="write the section of bench/RESULTS.md")
+    parser.add_argument(
+        "--also",
+        nargs="*",
+        default=[],
+        help="earlier reports (JSON) whose ratios the section adds as columns",
+    )
+    parser.add_argument("--render", help="no run: render the section from this report (JSON) and --also")
     return parser.parse_args(argv)
 
 
@@ -896,17 +1077,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args.serve, shapes)
         return 0
-    if not args.compare:
-        print("pass --compare (or --serve SIDE)", file=sys.stderr)
+    if args.render:
+        report = json.loads(Path(args.render).read_text())
+    elif args.compare:
+        report = compare(args)
+        report["commit"] = _commit()
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    else:
+        print("pass --compare, --render REPORT or --serve SIDE", file=sys.stderr)
         return 2
-    report = compare(args)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
-    print(table(report))
-    print(
-        f"\nload (1, 5, 15 min) start {report['load']['start']}, end {report['load']['end']}; "
-        f"{report['seconds']} s; skipped: {report['skipped']}"
-    )
+    reports = [report] + [json.loads(Path(path).read_text()) for path in args.also]
+    text = section(reports)
+    print(text)
+    if args.write_results:
+        write_section(text, ROOT / "bench" / "RESULTS.md")
     return 0
 
 

@@ -170,7 +170,7 @@ def _missing_capability(context: Context, capability: str) -> str | None:
     c = context.conventions
     kind, _, value = capability.partition(":")
     checks = {
-        "kl_estimator": ("kl_estimators", c.kl_estimators, value not in c.kl_estimators),
+        "kl_estimator": ("reward_kl_estimators", c.reward_kl_estimators, value not in c.reward_kl_estimators),
         "loss_agg": ("loss_aggregations", c.loss_aggregations, value not in c.loss_aggregations),
         "value_clip": ("value_clip_modes", c.value_clip_modes, value not in c.value_clip_modes),
         "gae_bootstrap": ("gae_bootstrap", c.gae_bootstrap, c.gae_bootstrap == "none"),

@@ -85,6 +85,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         **FAMILY_CONVENTIONS,
         "masked_fill": "finite",
         "off_mask_outputs": ["gae", "masked_whiten"],
+        "compute_dtype": {"policy_loss": "float32"},
     }
 )
 """skyrl-train's documented deviations from the reference conventions (sources in CONVENTION_SOURCES)."""
@@ -120,6 +121,9 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "entry ((values - mean) * rsqrt(var + 1e-8)), and compute_gae_advantage_return ends with it, "
         "leaving masked-out advantages and returns non-zero; the losses read them only through "
         "loss_mask (docs/findings.md skyrl-6-whiten)",
+        "compute_dtype": "skyrl_train/utils/ppo_utils.py _safe_exp_delta: `torch.clamp(delta.to("
+        "torch.float32), -clip, clip).exp()` then `.to(out_dtype or delta.dtype)`: ppo_policy_loss's ratio "
+        "is computed in float32 whatever the log-probs' dtype",
     }
 )
 """Where each declared convention shows in skyrl-train's code."""

@@ -109,6 +109,8 @@ def _declared_conventions(adapter: object) -> ConventionSet:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "clause(*ids): the spec clauses (e.g. GAE-2) a test exercises")
     config.addinivalue_line("markers", "ops(*names): the adapter ops a conformance test calls")
+    # the trainer-step tier (test_step_tier.py) is marked slow, also where the suite runs outside a checkout
+    config.addinivalue_line("markers", "slow: end-to-end training steps (seconds each)")
     config.addinivalue_line(
         "markers",
         "needs(*capabilities): declared capabilities a conformance test needs (kl_estimator:k2, ...)",

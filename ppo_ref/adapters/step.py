@@ -42,7 +42,15 @@ __all__ = [
     "example_batch",
     "gradient_difference",
     "step_problems",
+    "step_runner",
 ]
+
+BUILTIN_STEP_RUNNERS: Mapping[str, str] = {
+    "mine": "ppo_ref.adapters.step_mine:make_step",
+    "trl": "ppo_ref.adapters.thirdparty.trl_step:make_step",
+}
+"""Adapter name -> ``module:factory`` of its step runner (the factory returns None where the
+installed version has none), for adapters that do not carry a ``step`` attribute themselves."""
 
 STEP_STATISTICS: tuple[str, ...] = ("max_abs_log_ratio", "clipfrac", "approx_kl")
 """Statistics a runner reports when its library computes them (None where it does not):
@@ -218,6 +226,26 @@ def step_problems(runner: object) -> list[str]:
         if not callable(getattr(runner, method, None)):
             problems.append(f"{method}: expected a method")
     return problems
+
+
+def step_runner(adapter: object) -> StepRunner | None:
+    """The step runner of ``adapter``: its ``step`` attribute, else the built-in runner of its
+    ``name`` (:data:`BUILTIN_STEP_RUNNERS`), else None (the adapter offers no step tier)."""
+    import importlib
+
+    runner = getattr(adapter, "step", None)
+    if runner is not None:
+        if not isinstance(runner, StepRunner):
+            raise ValueError(f"adapter: its step attribute is not a StepRunner: {step_problems(runner)}")
+        return runner
+    target = BUILTIN_STEP_RUNNERS.get(str(getattr(adapter, "name", "")))
+    if target is None:
+        return None
+    module, _, factory = target.partition(":")
+    made: object = getattr(importlib.import_module(module), factory)()
+    if made is not None and not isinstance(made, StepRunner):
+        raise ValueError(f"adapter: the built-in step runner {target} is not a StepRunner")
+    return made
 
 
 def gradient_difference(first: StepResult, second: StepResult) -> tuple[float, float]:

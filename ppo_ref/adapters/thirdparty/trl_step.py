@@ -12,9 +12,10 @@ plain SGD). The model is a tiny GPT-2 built from a fixed seed with dropout 0, sa
 from a temporary directory; the tokenizer a local WordLevel vocabulary. bf16 and gradient
 checkpointing are off (TRL's defaults turn them on).
 
-Statistics: ``max_abs_log_ratio`` from a run with ``num_iterations=2`` (TRL then computes the old
-log-probs in the rollout path, grpo_trainer.py ``generate_every`` branch; otherwise it uses the
-detached current log-probs and the ratio is 1 by construction), ``clipfrac`` = TRL's logged
+Runs use ``num_iterations=2`` (of which ``max_steps=1`` takes the first): TRL then computes the
+old log-probs in its rollout path (grpo_trainer.py, the ``generate_every`` branch) and the loss's
+ratio is a real recomputation (with ``num_iterations=1`` it uses the detached current log-probs,
+1 by construction). Statistics: ``max_abs_log_ratio`` over the loss's micro-batches, ``clipfrac`` = TRL's logged
 ``clip_ratio/region_mean`` (``cispo_clip_ratio`` for cispo), ``approx_kl`` None (TRL logs none
 without ``beta``).
 """
@@ -32,7 +33,7 @@ from torch import Tensor
 
 from ppo_ref.adapters.step import StepBatch, StepResult
 
-__all__ = ["TrlGrpoStep", "make_step"]
+__all__ = ["TrlGrpoStep", "TrlStepAdapter", "make_adapter", "make_step"]
 
 LOSS_MODES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
 
@@ -204,7 +205,7 @@ class TrlGrpoStep:
         micro_batches: int = 1,
         pad_to: int | None = None,
         pad_fill: int | None = None,
-        num_iterations: int = 1,
+        num_iterations: int = 2,
     ) -> StepResult:
         """One optimizer step of ``GRPOTrainer.train()`` on ``batch`` (module docstring)."""
         trainer, record = self._trainer(batch, loss_mode, micro_batches, pad_to, num_iterations=num_iterations)
@@ -218,7 +219,7 @@ class TrlGrpoStep:
         clip_key = "cispo_clip_ratio" if loss_mode == "cispo" else "clip_ratio/region_mean"
         clip = record.get(clip_key) or [float("nan")]
         stats: dict[str, float | None] = {
-            "max_abs_log_ratio": record["ratio"] if num_iterations > 1 else None,
+            "max_abs_log_ratio": record["ratio"] if num_iterations > 1 else None,  # else no old log-probs
             "clipfrac": float(sum(clip) / len(clip)),
             "approx_kl": None,
         }
@@ -236,6 +237,33 @@ class TrlGrpoStep:
         return tuple(bool(m.sum() == 0) for m in masks)
 
 
-def make_step() -> TrlGrpoStep:
-    """The TRL 1.16 step runner (needs trl >= 1.13 with GRPOTrainer's ``rollout_func``)."""
+def make_step() -> TrlGrpoStep | None:
+    """The TRL step runner of the installed release: ``GRPOTrainer`` for trl >= 1.13 (needs its
+    ``rollout_func``); None for older releases (their ``PPOTrainer`` has no step runner yet)."""
+    import trl
+
+    major, minor = (int(part) for part in str(trl.__version__).split(".")[:2])
+    if (major, minor) < (1, 13):
+        return None
     return TrlGrpoStep()
+
+
+class TrlStepAdapter:
+    """An adapter with no ops and the step runner only: ``--impl=ppo_ref.adapters.thirdparty.trl_step:make_adapter``
+    runs the trainer-step tier against the installed TRL (the op tier of TRL 1.16 is its own adapter's)."""
+
+    name = "trl"
+    ops: frozenset[str] = frozenset()
+    conventions: Mapping[str, object] = MappingProxyType({})
+
+    def __init__(self) -> None:
+        import trl
+
+        self.version = str(trl.__version__)
+        self.step = make_step()
+        self.provenance = self.step.provenance if self.step is not None else "no step runner for this release"
+
+
+def make_adapter() -> TrlStepAdapter:
+    """The step-only TRL adapter (see :class:`TrlStepAdapter`)."""
+    return TrlStepAdapter()

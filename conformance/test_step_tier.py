@@ -1,0 +1,171 @@
+"""The trainer-step tier (spec STEP-1..5): one optimisation step of the library's own training code.
+
+Runs only for an adapter with a step runner (:func:`ppo_ref.adapters.step.step_runner`: its
+``step`` attribute or the built-in runner of its name); otherwise every test here is skipped as
+"not provided". Every comparison is between two runs of the same runner on the batch of
+:func:`ppo_ref.adapters.step.example_batch` (2 prompts x 4 completions of unequal lengths, one
+EOS-ended completion filling the budget, two cut at it), for every loss mode the runner lists.
+The measured differences are attached to each test as ``user_properties`` (``step_measure``) so
+that a report, or ``-rA`` with ``--junitxml``, shows them; a mode the runner declares
+``micro_batch_local`` has its STEP-2 dependence measured and shown, not failed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from ppo_ref.adapters.step import (
+    StepBatch,
+    StepResult,
+    StepRunner,
+    example_batch,
+    gradient_difference,
+    step_problems,
+    step_runner,
+)
+
+from .support import Context
+
+RELATIVE_TOLERANCE = 1e-5
+"""Of the gradient's largest entry: float32 trainers agree to about 1e-7 relative, float64 to 1e-16."""
+RATIO_TOLERANCE = 1e-6
+"""STEP-1: ``max |logp - old_logp|`` over the action tokens before any update."""
+BUDGET = 6
+PROMPT_LENGTH = 9  # pad_to = 9 pads the completions only; pad_to = 10 also left-pads the prompts by 1
+MICRO_BATCHES = (2, 4)
+
+pytestmark = pytest.mark.slow  # about 40 training steps of a tiny model (TRL: about 1 s each)
+
+_RESULTS: dict[tuple[int, str, int, int | None, int | None], StepResult] = {}
+
+
+@pytest.fixture(scope="module")
+def runner(ctx: Context) -> StepRunner:
+    found = step_runner(ctx.adapter)
+    if found is None:
+        pytest.skip(f"not provided: adapter {ctx.impl!r} has no trainer-step runner (spec STEP-1..5)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def batch() -> StepBatch:
+    return example_batch(budget=BUDGET, prompt_length=PROMPT_LENGTH)
+
+
+def _run(
+    runner: StepRunner,
+    batch: StepBatch,
+    mode: str,
+    micro_batches: int = 1,
+    pad_to: int | None = None,
+    pad_fill: int | None = None,
+) -> StepResult:
+    key = (id(runner), mode, micro_batches, pad_to, pad_fill)
+    if key not in _RESULTS:
+        _RESULTS[key] = runner.run(
+            batch, loss_mode=mode, micro_batches=micro_batches, pad_to=pad_to, pad_fill=pad_fill
+        )
+    return _RESULTS[key]
+
+
+def _compare(
+    runner: StepRunner,
+    batch: StepBatch,
+    record: Callable[[str, object], None],
+    label: str,
+    **variant: int,
+) -> list[str]:
+    """Each mode's whole-batch run against ``variant``: the failures (relative gradient or loss
+    difference above the tolerance), every measure recorded."""
+    failures = []
+    for mode in runner.loss_modes:
+        base = _run(runner, batch, mode)
+        other = _run(runner, batch, mode, **variant)
+        diff, scale = gradient_difference(base, other)
+        relative = diff / max(scale, 1e-30)
+        loss_diff = abs(base.loss - other.loss)
+        record("step_measure", f"{runner.name} {mode} {label}: |dgrad| {diff:.3g} of {scale:.3g} ({relative:.2e}), |dloss| {loss_diff:.3g}")
+        if relative > RELATIVE_TOLERANCE or loss_diff > RELATIVE_TOLERANCE * max(abs(base.loss), 1.0):
+            failures.append(
+                f"{mode}: {label} moved the gradient by {diff:.3g} (its largest entry {scale:.3g}, "
+                f"relative {relative:.2e} > {RELATIVE_TOLERANCE:g}) and the loss by {loss_diff:.3g}"
+            )
+    return failures
+
+
+@pytest.mark.clause("STEP-1", "STEP-2", "STEP-3", "STEP-4", "STEP-5")
+def test_step_runner_contract(runner: StepRunner) -> None:
+    assert step_problems(runner) == []
+
+
+@pytest.mark.clause("STEP-1")
+def test_step1_ratio_is_one_before_any_update(
+    runner: StepRunner, batch: StepBatch, record_property: Callable[[str, object], None]
+) -> None:
+    problems = []
+    for mode in runner.loss_modes:
+        for micro in (1, *MICRO_BATCHES):
+            stats = _run(runner, batch, mode, micro).stats
+            ratio, clipfrac, kl = (stats.get(k) for k in ("max_abs_log_ratio", "clipfrac", "approx_kl"))
+            record_property("step_measure", f"{runner.name} {mode} x{micro}: {stats}")
+            if ratio is None:
+                problems.append(f"{mode}: the runner reports no max_abs_log_ratio")
+            elif not ratio <= RATIO_TOLERANCE:
+                problems.append(f"{mode} x{micro}: max |logp - old_logp| = {ratio:.3g} before any update")
+            if clipfrac is not None and clipfrac == clipfrac and clipfrac != 0.0:  # NaN: not logged
+                problems.append(f"{mode} x{micro}: clip fraction {clipfrac} before any update")
+            if kl is not None and kl == kl and abs(kl) > RATIO_TOLERANCE:
+                problems.append(f"{mode} x{micro}: approx KL {kl} before any update")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.clause("STEP-2")
+@pytest.mark.parametrize("micro_batches", MICRO_BATCHES)
+def test_step2_micro_batches_give_the_whole_batch_gradient(
+    runner: StepRunner, batch: StepBatch, micro_batches: int, record_property: Callable[[str, object], None]
+) -> None:
+    failures = _compare(runner, batch, record_property, f"{micro_batches} micro-batches", micro_batches=micro_batches)
+    declared = [f for f in failures if f.split(":")[0] in runner.micro_batch_local]
+    for failure in declared:  # a documented micro-batch-local mode: measured and shown
+        mode = failure.split(":")[0]
+        record_property("step_declared", f"{failure} [declared: {runner.micro_batch_local[mode]}]")
+    failures = [f for f in failures if f not in declared]
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.clause("STEP-3")
+def test_step3_extra_completion_padding(
+    runner: StepRunner, batch: StepBatch, record_property: Callable[[str, object], None]
+) -> None:
+    failures = _compare(runner, batch, record_property, f"completions padded to {PROMPT_LENGTH}", pad_to=PROMPT_LENGTH)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.clause("STEP-3")
+def test_step3_extra_prompt_padding(
+    runner: StepRunner, batch: StepBatch, record_property: Callable[[str, object], None]
+) -> None:
+    label = f"prompts left-padded by 1 and completions padded to {PROMPT_LENGTH + 1}"
+    failures = _compare(runner, batch, record_property, label, pad_to=PROMPT_LENGTH + 1)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.clause("STEP-4")
+def test_step4_padding_token_ids_carry_no_gradient(
+    runner: StepRunner, batch: StepBatch, record_property: Callable[[str, object], None]
+) -> None:
+    fill = batch.vocab_size - 1  # an ordinary token id in every padding slot instead of the pad id
+    failures = _compare(runner, batch, record_property, f"token {fill} in the padding slots", pad_fill=fill)
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.clause("STEP-5")
+def test_step5_only_rows_cut_at_the_budget_are_truncated(runner: StepRunner, batch: StepBatch) -> None:
+    assert batch.truncated == (False, False, True, False, False, False, False, True)
+    assert max(len(c) for c in batch.completions) == len(batch.completions[0]) == batch.budget  # EOS-ended
+    got = runner.truncated_rows(batch)
+    assert tuple(got) == batch.truncated, (
+        f"rows treated as truncated {got}, expected {batch.truncated} (row 0 ends with EOS at the budget)"
+    )

@@ -86,7 +86,11 @@ def _compare(
         diff, scale = gradient_difference(base, other)
         relative = diff / max(scale, 1e-30)
         loss_diff = abs(base.loss - other.loss)
-        record("step_measure", f"{runner.name} {mode} {label}: |dgrad| {diff:.3g} of {scale:.3g} ({relative:.2e}), |dloss| {loss_diff:.3g}")
+        record(
+            "step_measure",
+            f"{runner.name} {mode} {label}: |dgrad| {diff:.3g} of {scale:.3g} ({relative:.2e}), "
+            f"|dloss| {loss_diff:.3g}",
+        )
         if relative > RELATIVE_TOLERANCE or loss_diff > RELATIVE_TOLERANCE * max(abs(base.loss), 1.0):
             failures.append(
                 f"{mode}: {label} moved the gradient by {diff:.3g} (its largest entry {scale:.3g}, "
@@ -126,7 +130,9 @@ def test_step1_ratio_is_one_before_any_update(
 def test_step2_micro_batches_give_the_whole_batch_gradient(
     runner: StepRunner, batch: StepBatch, micro_batches: int, record_property: Callable[[str, object], None]
 ) -> None:
-    failures = _compare(runner, batch, record_property, f"{micro_batches} micro-batches", micro_batches=micro_batches)
+    failures = _compare(
+        runner, batch, record_property, f"{micro_batches} micro-batches", micro_batches=micro_batches
+    )
     declared = [f for f in failures if f.split(":")[0] in runner.micro_batch_local]
     for failure in declared:  # a documented micro-batch-local mode: measured and shown
         mode = failure.split(":")[0]
@@ -139,7 +145,9 @@ def test_step2_micro_batches_give_the_whole_batch_gradient(
 def test_step3_extra_completion_padding(
     runner: StepRunner, batch: StepBatch, record_property: Callable[[str, object], None]
 ) -> None:
-    failures = _compare(runner, batch, record_property, f"completions padded to {PROMPT_LENGTH}", pad_to=PROMPT_LENGTH)
+    failures = _compare(
+        runner, batch, record_property, f"completions padded to {PROMPT_LENGTH}", pad_to=PROMPT_LENGTH
+    )
     assert not failures, "\n".join(failures)
 
 

@@ -18,8 +18,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from ppo_ref.adapters.step import example_batch  # noqa: E402
-from ppo_ref.adapters.thirdparty.trl_step import TrlGrpoStep  # noqa: E402
+from ppo_ref.adapters.step import example_batch
+from ppo_ref.adapters.thirdparty.trl_step import TrlGrpoStep
 
 runner = TrlGrpoStep()
 batch = example_batch(budget=6, prompt_length=9)

@@ -23,17 +23,17 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-import torch  # noqa: E402
+import torch
 
-from ppo_ref.adapters.step import example_batch, gradient_difference  # noqa: E402
-from ppo_ref.adapters.thirdparty.trl_step import TrlGrpoStep  # noqa: E402
+from ppo_ref.adapters.step import example_batch, gradient_difference
+from ppo_ref.adapters.thirdparty.trl_step import TrlGrpoStep
 
 runner = TrlGrpoStep()
 batch = example_batch(budget=6, prompt_length=9)
 plain = runner.run(batch, loss_mode="dapo")
 padded = runner.run(batch, loss_mode="dapo", pad_to=10)  # prompts 9 -> 10 columns (1 left pad)
 diff, scale = gradient_difference(plain, padded)
-print(f"part 1, GRPOTrainer step (dapo): |gradient difference| {diff:.4f} of largest entry {scale:.4f}; expected 0")
+print(f"part 1, GRPOTrainer step (dapo): |gradient difference| {diff:.4f} of largest entry {scale:.4f}")
 
 trainer, _ = runner._trainer(batch, "dapo", 1, None)
 prompt = torch.tensor([batch.prompt_ids[0]])
@@ -41,9 +41,14 @@ completion = torch.tensor([batch.completions[0]])
 rows = []
 for pads in (0, 1):
     ids = torch.cat([torch.zeros(1, pads, dtype=torch.long), prompt, completion], dim=1)
-    mask = torch.cat([torch.zeros(1, pads, dtype=torch.long), torch.ones(1, ids.shape[1] - pads, dtype=torch.long)], 1)
+    mask = torch.cat(
+        [torch.zeros(1, pads, dtype=torch.long), torch.ones(1, ids.shape[1] - pads, dtype=torch.long)], 1
+    )
     with torch.no_grad():
-        logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, ids, mask, completion.shape[1])
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, completion.shape[1]
+        )
     rows.append(logps[0])
 print(f"part 2, _get_per_token_logps_and_entropies, no pad:  {[round(float(x), 4) for x in rows[0]]}")
-print(f"part 2, _get_per_token_logps_and_entropies, one pad: {[round(float(x), 4) for x in rows[1]]}; expected the same")
+print(f"part 2, _get_per_token_logps_and_entropies, one pad: {[round(float(x), 4) for x in rows[1]]}")
+print("expected: gradient difference 0, the same log-probs with and without the pad")

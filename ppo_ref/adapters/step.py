@@ -62,7 +62,9 @@ step-0 ratio is exp of it), ``clipfrac`` the fraction of action tokens whose rat
 def _check_ids(name: str, rows: tuple[tuple[int, ...], ...], vocab_size: int) -> None:
     for index, row in enumerate(rows):
         if not isinstance(row, tuple) or not all(isinstance(t, int) and 0 <= t < vocab_size for t in row):
-            raise ValueError(f"{name}: row {index} must be a tuple of token ids in [0, {vocab_size}), got {row!r}")
+            raise ValueError(
+                f"{name}: row {index} must be a tuple of token ids in [0, {vocab_size}), got {row!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,9 @@ class StepBatch:
         _check_ids("completions", self.completions, self.vocab_size)
         rows = len(self.prompt_ids) * self.group_size
         if len(self.completions) != rows:
-            raise ValueError(f"completions: expected {rows} rows (prompts x group_size), got {len(self.completions)}")
+            raise ValueError(
+                f"completions: expected {rows} rows (prompts x group_size), got {len(self.completions)}"
+            )
         for index, row in enumerate(self.completions):
             if not 1 <= len(row) <= self.budget:
                 raise ValueError(f"completions: row {index} has {len(row)} tokens, expected 1..{self.budget}")
@@ -195,7 +199,12 @@ class StepRunner(Protocol):
     def micro_batch_local(self) -> Mapping[str, str]: ...
 
     def run(
-        self, batch: StepBatch, *, loss_mode: str, micro_batches: int = 1, pad_to: int | None = None,
+        self,
+        batch: StepBatch,
+        *,
+        loss_mode: str,
+        micro_batches: int = 1,
+        pad_to: int | None = None,
         pad_fill: int | None = None,
     ) -> StepResult:
         """One step on ``batch``: ``micro_batches`` equal parts with gradient accumulation (through
@@ -281,13 +290,13 @@ def example_batch(budget: int = 6, vocab_size: int = 16, prompt_length: int = 9)
 
     eos = 1
     completions = (
-        tokens(budget - 1) + (eos,),  # EOS exactly at the budget: terminal
-        tokens(1) + (eos,),
+        (*tokens(budget - 1), eos),  # EOS exactly at the budget: terminal
+        (*tokens(1), eos),
         tokens(budget),  # cut at the budget: truncated
-        tokens(3) + (eos,),
+        (*tokens(3), eos),
         (eos,),
-        tokens(budget - 3) + (eos,),
-        tokens(budget - 2) + (eos,),
+        (*tokens(budget - 3), eos),
+        (*tokens(budget - 2), eos),
         tokens(budget),  # truncated
     )
     return StepBatch(

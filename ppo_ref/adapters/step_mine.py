@@ -82,8 +82,17 @@ class MineStep:
             torch.manual_seed(self.seed)
             policy = GPT2LMHeadModel(
                 GPT2Config(
-                    vocab_size=vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2,
-                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, eos_token_id=1, bos_token_id=1, pad_token_id=0,
+                    vocab_size=vocab_size,
+                    n_positions=64,
+                    n_embd=32,
+                    n_layer=2,
+                    n_head=2,
+                    resid_pdrop=0.0,
+                    embd_pdrop=0.0,
+                    attn_pdrop=0.0,
+                    eos_token_id=1,
+                    bos_token_id=1,
+                    pad_token_id=0,
                 )
             ).double()
         return ActorCritic(policy)
@@ -120,7 +129,9 @@ class MineStep:
             raise ValueError(f"pad_to: expected an int >= 1 or None, got {pad_to!r}")
         fill = batch.pad_id if pad_fill is None else pad_fill
         if not 0 <= fill < batch.vocab_size or fill == batch.eos_id:
-            raise ValueError(f"pad_fill: expected a non-EOS token id in [0, {batch.vocab_size}), got {pad_fill}")
+            raise ValueError(
+                f"pad_fill: expected a non-EOS token id in [0, {batch.vocab_size}), got {pad_fill}"
+            )
         rows = batch.size
         prompts = [batch.prompt_ids[i // batch.group_size] for i in range(rows)]
         width_p = _rounded(len(prompts[0]), pad_to)
@@ -189,7 +200,7 @@ class MineStep:
 
         def backward(loss: Tensor) -> None:
             losses.append(loss.detach())
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
 
         result = minibatch_backward(actor_critic, training, config, contextlib.nullcontext, backward)
         gradient = {
@@ -210,9 +221,7 @@ class MineStep:
 
         from ppo_ref.trainer.estimators import ADVANTAGE_ESTIMATORS
 
-        config = self._config(
-            batch, 1, advantage_estimator="gae", group_size=1, truncation="bootstrap"
-        )
+        config = self._config(batch, 1, advantage_estimator="gae", group_size=1, truncation="bootstrap")
         actor_critic = self._actor_critic(batch.vocab_size)
         rollout = self._rollout(batch, actor_critic, config, None, None)
         results = []

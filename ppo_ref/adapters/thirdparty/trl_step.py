@@ -15,13 +15,14 @@ checkpointing are off (TRL's defaults turn them on).
 Runs use ``num_iterations=2`` (of which ``max_steps=1`` takes the first): TRL then computes the
 old log-probs in its rollout path (grpo_trainer.py, the ``generate_every`` branch) and the loss's
 ratio is a real recomputation (with ``num_iterations=1`` it uses the detached current log-probs,
-1 by construction). Statistics: ``max_abs_log_ratio`` over the loss's micro-batches, ``clipfrac`` = TRL's logged
-``clip_ratio/region_mean`` (``cispo_clip_ratio`` for cispo), ``approx_kl`` None (TRL logs none
-without ``beta``).
+1 by construction). Statistics: ``max_abs_log_ratio`` over the loss's micro-batches,
+``clipfrac`` = TRL's logged ``clip_ratio/region_mean`` (``cispo_clip_ratio`` for cispo),
+``approx_kl`` None (TRL logs none without ``beta``).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 from collections.abc import Mapping
@@ -59,9 +60,7 @@ class TrlGrpoStep:
     )
 
     def __init__(self, seed: int = 0) -> None:
-        import trl
-
-        self.version = str(trl.__version__)
+        self.version = str(importlib.import_module("trl").__version__)
         self.seed = seed
         self._dir = tempfile.mkdtemp(prefix="ppo-ref-trl-step-")
         self._saved: dict[int, tuple[str, str]] = {}
@@ -75,14 +74,27 @@ class TrlGrpoStep:
         if vocab_size not in self._saved:
             vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
             core = Tokenizer(WordLevel(vocab, unk_token="<bos>"))
-            core.pre_tokenizer = WhitespaceSplit()  # type: ignore[assignment]
-            tokenizer = PreTrainedTokenizerFast(
-                tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<bos>"
+            core.pre_tokenizer = WhitespaceSplit()
+            tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+                tokenizer_object=core,
+                pad_token="<pad>",
+                eos_token="<eos>",
+                bos_token="<bos>",
+                unk_token="<bos>",
             )
             torch.manual_seed(self.seed)
             config = GPT2Config(
-                n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=vocab_size,
-                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+                n_layer=2,
+                n_head=2,
+                n_embd=32,
+                n_positions=64,
+                vocab_size=vocab_size,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                bos_token_id=2,
+                eos_token_id=1,
+                pad_token_id=0,
             )
             model = GPT2LMHeadModel(config)
             path = os.path.join(self._dir, f"model-{vocab_size}")
@@ -102,9 +114,11 @@ class TrlGrpoStep:
         num_iterations: int = 1,
         mask_truncated: bool = False,
     ) -> tuple[Any, dict[str, Any]]:
-        from datasets import Dataset
         from transformers import GPT2LMHeadModel, TrainerCallback
-        from trl import GRPOConfig, GRPOTrainer
+
+        Dataset = importlib.import_module("datasets").Dataset
+        trl = importlib.import_module("trl")
+        GRPOConfig, GRPOTrainer = trl.GRPOConfig, trl.GRPOTrainer
 
         if loss_mode not in LOSS_MODES:
             raise ValueError(f"loss_mode: expected one of {LOSS_MODES}, got {loss_mode!r}")
@@ -138,11 +152,15 @@ class TrlGrpoStep:
 
         record: dict[str, Any] = {"losses": [], "gradient": None, "ratio": 0.0}
 
-        class Capture(TrainerCallback):  # type: ignore[misc]
+        class Capture(TrainerCallback):
             def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
                 model = kwargs["model"]
                 record["gradient"] = {
-                    n: (p.grad.detach().double().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float64))
+                    n: (
+                        p.grad.detach().double().clone()
+                        if p.grad is not None
+                        else torch.zeros_like(p, dtype=torch.float64)
+                    )
                     for n, p in model.named_parameters()
                 }
 
@@ -151,19 +169,46 @@ class TrlGrpoStep:
             extra["importance_sampling_level"] = "sequence"
         config = GRPOConfig(
             output_dir=os.path.join(self._dir, "out"),
-            use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-            report_to="none", logging_strategy="no", save_strategy="no", eval_strategy="no",
-            disable_tqdm=True, log_completions=False, dataloader_num_workers=0, dataloader_pin_memory=False,
-            num_generations=batch.group_size, max_completion_length=batch.budget, use_vllm=False,
-            seed=self.seed, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-            per_device_train_batch_size=batch.size // micro_batches, gradient_accumulation_steps=micro_batches,
-            num_iterations=num_iterations, max_steps=1, learning_rate=1e-3, optim="sgd", max_grad_norm=0.0,
-            loss_type=loss_mode, beta=0.0, pad_to_multiple_of=pad_to,
-            mask_truncated_completions=mask_truncated, **extra,
+            use_cpu=True,
+            bf16=False,
+            fp16=False,
+            gradient_checkpointing=False,
+            report_to="none",
+            logging_strategy="no",
+            save_strategy="no",
+            eval_strategy="no",
+            disable_tqdm=True,
+            log_completions=False,
+            dataloader_num_workers=0,
+            dataloader_pin_memory=False,
+            num_generations=batch.group_size,
+            max_completion_length=batch.budget,
+            use_vllm=False,
+            seed=self.seed,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.0,
+            per_device_train_batch_size=batch.size // micro_batches,
+            gradient_accumulation_steps=micro_batches,
+            num_iterations=num_iterations,
+            max_steps=1,
+            learning_rate=1e-3,
+            optim="sgd",
+            max_grad_norm=0.0,
+            loss_type=loss_mode,
+            beta=0.0,
+            pad_to_multiple_of=pad_to,
+            mask_truncated_completions=mask_truncated,
+            **extra,
         )
         trainer = GRPOTrainer(
-            model=model, reward_funcs=reward, args=config, train_dataset=Dataset.from_dict({"prompt": prompts}),
-            processing_class=tokenizer, rollout_func=rollout, callbacks=[Capture()],
+            model=model,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=Dataset.from_dict({"prompt": prompts}),
+            processing_class=tokenizer,
+            rollout_func=rollout,
+            callbacks=[Capture()],
         )
         original_loss = trainer._compute_loss
         original_logps = trainer._get_per_token_logps_and_entropies
@@ -208,10 +253,14 @@ class TrlGrpoStep:
         num_iterations: int = 2,
     ) -> StepResult:
         """One optimizer step of ``GRPOTrainer.train()`` on ``batch`` (module docstring)."""
-        trainer, record = self._trainer(batch, loss_mode, micro_batches, pad_to, num_iterations=num_iterations)
+        trainer, record = self._trainer(
+            batch, loss_mode, micro_batches, pad_to, num_iterations=num_iterations
+        )
         if pad_fill is not None:
             if not 0 <= pad_fill < batch.vocab_size or pad_fill == batch.eos_id:
-                raise ValueError(f"pad_fill: expected a non-EOS token id in [0, {batch.vocab_size}), got {pad_fill}")
+                raise ValueError(
+                    f"pad_fill: expected a non-EOS token id in [0, {batch.vocab_size}), got {pad_fill}"
+                )
             trainer._tokenizer.pad_token = trainer._tokenizer.convert_ids_to_tokens(pad_fill)
         trainer.train()
         if record["gradient"] is None:
@@ -240,26 +289,24 @@ class TrlGrpoStep:
 def make_step() -> TrlGrpoStep | None:
     """The TRL step runner of the installed release: ``GRPOTrainer`` for trl >= 1.13 (needs its
     ``rollout_func``); None for older releases (their ``PPOTrainer`` has no step runner yet)."""
-    import trl
-
-    major, minor = (int(part) for part in str(trl.__version__).split(".")[:2])
+    version = str(importlib.import_module("trl").__version__)
+    major, minor = (int(part) for part in version.split(".")[:2])
     if (major, minor) < (1, 13):
         return None
     return TrlGrpoStep()
 
 
 class TrlStepAdapter:
-    """An adapter with no ops and the step runner only: ``--impl=ppo_ref.adapters.thirdparty.trl_step:make_adapter``
-    runs the trainer-step tier against the installed TRL (the op tier of TRL 1.16 is its own adapter's)."""
+    """An adapter with no ops and the step runner only:
+    ``--impl=ppo_ref.adapters.thirdparty.trl_step:make_adapter`` runs the trainer-step tier against
+    the installed TRL (the op tier of TRL 1.16 is its own adapter's)."""
 
     name = "trl"
     ops: frozenset[str] = frozenset()
     conventions: Mapping[str, object] = MappingProxyType({})
 
     def __init__(self) -> None:
-        import trl
-
-        self.version = str(trl.__version__)
+        self.version = str(importlib.import_module("trl").__version__)
         self.step = make_step()
         self.provenance = self.step.provenance if self.step is not None else "no step runner for this release"
 

@@ -35,7 +35,7 @@ from .cases import Case, decode_inputs, load_cases, output_names, reproduction, 
 from .support import Context, checked_outputs, precision_case, unsupported_call, whitening_scale
 from .test_robustness import ROBUSTNESS_CLAUSES
 
-LOSS_OPS = frozenset({"policy_loss", "value_loss", "cispo_loss", "kl_loss"})
+LOSS_OPS = frozenset({"aggregate_loss", "policy_loss", "value_loss", "cispo_loss", "kl_loss"})
 """Ops whose ``loss_agg`` the declared ``loss_aggregations`` narrows."""
 OPTION_KEYWORDS = {
     "clip_eps_high": ("clip_eps_high",),
@@ -88,6 +88,12 @@ def _unsupported(ctx: Context, case: Case) -> str | None:
         value = inputs.get(argument, default)
         if value not in getattr(c, key):
             return f"{argument} {value!r} (declared {key} excludes it)"
+    if case.op == "rollout_correction":
+        mode, low = inputs.get("mode", "truncate"), inputs.get("low")
+        if mode == "truncate" and low is not None and "truncate-low" not in c.correction_bounds:
+            return "a floor (low) in truncate mode (declared correction_bounds excludes 'truncate-low')"
+        if mode == "mask" and low is None and "mask-open-low" not in c.correction_bounds:
+            return "mask mode without low (declared correction_bounds excludes 'mask-open-low')"
     if case.op == "value_loss":
         mode = "unclipped" if inputs.get("clip_eps") is None else "clipped"
         if mode not in c.value_clip_modes:

@@ -39,6 +39,7 @@ BUILTIN_ADAPTERS: MappingProxyType[str, str] = MappingProxyType(
             name: f"ppo_ref.adapters.thirdparty.{name}:make_adapter"
             for name in ("trl", "verl", "openrlhf", "torchrl", "sb3", "skyrl")
         },
+        "trl116": "ppo_ref.adapters.thirdparty.trl_family:make_adapter",
     }
 )
 """Built-in adapter names and the ``module:factory`` each resolves to (imported lazily)."""

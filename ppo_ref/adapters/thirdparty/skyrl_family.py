@@ -9,7 +9,8 @@ file and line); the adapter only converts arguments the way skyrl's trainer does
   ``grpo`` with ``grpo_norm_by_std=True``, ``dr_grpo`` (and ``grpo`` with ``std_scope='none'``)
   with ``grpo_norm_by_std=False``, ``rloo``. Its default ``epsilon`` 1e-6 (the trainer passes
   none: declared ``group_std_eps``).
-- the losses reduce with ``reduce_loss`` through the config's ``loss_reduction``: ``token-mean``
+- ``aggregate_loss`` is ``reduce_loss``, and the losses reduce with it through the config's
+  ``loss_reduction``: ``token-mean``
   -> ``token_mean``, ``seq-mean-token-mean`` -> ``sequence_mean``, ``seq-mean-token-sum-norm`` ->
   ``seq_mean_token_sum_norm`` with ``max_seq_len = norm_constant``, ``seq-mean-token-sum`` ->
   ``seq_mean_token_sum_norm`` with ``max_seq_len = 1``. skyrl-train 0.3.1 reduces each micro-batch

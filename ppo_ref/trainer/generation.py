@@ -1,11 +1,5 @@
 """Stage 2: sampling responses with a manual KV-cache loop, and the layout of a prompt + response batch.
 
-The KV cache is allocated once per call (:func:`preallocated_cache`): each step copies the new keys
-and values into the next column and the attention reads a view of the filled columns, the same
-values and shapes as transformers' growing ``DynamicCache`` (which copies the whole cache with
-``torch.cat`` at every step), so the logits, and every sample, are bit for bit the same. The
-attention mask and the positions are also laid out once, and each step passes views of them.
-
 Prompts are left-padded; every forward pass gets ``position_ids = cumsum(attention_mask) - 1``, so a
 token's position does not depend on the padding before it. Sampling uses inverse-CDF draws from
 per-sample noise (see :mod:`ppo_ref.trainer.seeding`), so a sample does not depend on its batch.
@@ -22,8 +16,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import DynamicCache, PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers import PreTrainedModel
 
 from ppo_ref.trainer.data import SequenceBatch, position_ids_from_mask
 from ppo_ref.trainer.models import call_model, output_cache, supports_logits_to_keep
@@ -35,7 +28,6 @@ __all__ = [
     "generate",
     "left_pad",
     "position_ids_from_mask",
-    "preallocated_cache",
     "sample_from_logits",
     "sampling_logprob",
 ]
@@ -69,88 +61,6 @@ def first_eos_mask(response_ids: Tensor, eos_id: int) -> tuple[Tensor, Tensor]:
     eos_seen = is_eos.long().cumsum(dim=1)
     mask = (eos_seen == 0) | (is_eos & (eos_seen == 1))
     return mask, is_eos.any(dim=1)
-
-
-class _PreallocatedLayer(DynamicLayer):  # type: ignore[no-untyped-call]
-    """One attention layer's KV cache in storage allocated at the first update for ``capacity`` positions.
-
-    ``update`` copies the new keys/values (B, H, n, D) into the next ``n`` columns and returns views
-    of the filled columns: the same values and shapes that ``DynamicLayer`` returns after its
-    ``torch.cat``, without copying the whole cache at every step. An update that does not fit
-    (more positions than ``capacity``, another batch, head shape or dtype) falls back to
-    ``DynamicLayer``'s concatenation for the rest of the generation, so a caller that reuses the
-    cache gets correct results, only slower.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
-        self.capacity = capacity
-        self._stores: tuple[Tensor, Tensor] | None = None
-        self._length = 0
-
-    def update(
-        self, key_states: Tensor, value_states: Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[Tensor, Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            batch, heads, _, key_dim = key_states.shape
-            self._stores = (
-                key_states.new_empty((batch, heads, self.capacity, key_dim)),
-                value_states.new_empty((*value_states.shape[:2], self.capacity, value_states.shape[3])),
-            )
-        stores = self._stores
-        end = self._length + key_states.shape[-2]
-        fits = (
-            stores is not None
-            and self.keys is not None
-            and self.values is not None
-            and end <= self.capacity
-            and key_states.dtype == stores[0].dtype
-            and value_states.dtype == stores[1].dtype
-            and key_states.shape[:2] == stores[0].shape[:2]
-            and key_states.shape[3] == stores[0].shape[3]
-            and value_states.shape[:2] == stores[1].shape[:2]
-            and value_states.shape[3] == stores[1].shape[3]
-            and (self._length == 0 or self.keys.data_ptr() == stores[0].data_ptr())
-        )
-        if not fits:
-            self._stores = None
-            return super().update(key_states, value_states, *args, **kwargs)
-        assert stores is not None
-        stores[0][:, :, self._length : end].copy_(key_states)
-        stores[1][:, :, self._length : end].copy_(value_states)
-        self._length = end
-        self.keys, self.values = stores[0][:, :, :end], stores[1][:, :, :end]
-        return self.keys, self.values
-
-
-def preallocated_cache(model: object, capacity: int) -> DynamicCache | None:
-    """A ``DynamicCache`` for ``model`` whose layers hold ``capacity`` positions allocated once, or None.
-
-    Only for models whose own default cache (``DynamicCache(config=model.config)``) is made of plain
-    full-attention ``DynamicLayer`` s (GPT-2, Llama, Qwen, Mistral without a sliding window, ...);
-    for anything else (sliding-window or linear-attention layers, a model without a config) it
-    returns None and the model builds its own cache. ``capacity`` is prompt width + new tokens.
-    Example: ``preallocated_cache(gpt2, 40)`` for 8 prompt columns and up to 32 new tokens.
-    """
-    if capacity < 1:
-        raise ValueError(f"capacity: expected an int >= 1, got {capacity}")
-    inner: Any = getattr(model, "module", model)
-    config = getattr(inner, "config", None)
-    if (
-        config is None
-        or getattr(config, "add_cross_attention", False)
-        or getattr(config, "is_encoder_decoder", False)
-    ):
-        return None
-    try:
-        cache = DynamicCache(config=config)
-    except Exception:  # a config the cache cannot read: let the model build its own cache
-        return None
-    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
-        return None
-    cache.layers = [_PreallocatedLayer(capacity) for _ in cache.layers]
-    return cache
 
 
 @dataclass(frozen=True)
@@ -243,31 +153,21 @@ def generate(
         raise ValueError(f"uniforms: expected at least one column (max_new_tokens >= 1), got {steps}")
     if not bool(prompt_mask[:, -1].all()):
         raise ValueError("prompt_mask: expected left-padded prompts (the last column real in every row)")
-    width = prompt_ids.shape[1]
-    device = prompt_ids.device
-    # The whole attention mask and every position, laid out once; each step passes views.
-    full_mask = torch.ones((batch, width + steps), dtype=torch.long, device=device)
-    full_mask[:, :width] = prompt_mask
-    attention_mask = full_mask[:, :width]
+    attention_mask = prompt_mask.long()
     position_ids = position_ids_from_mask(attention_mask)
-    # Without padding the mask is all ones, which transformers turns into "no mask" (causal
-    # attention) anyway: pass None and skip its per-step mask checks (the same attention calls).
-    padded = not bool(prompt_mask.all())
-    positions = position_ids[:, -1:] + torch.arange(1, steps + 1, device=device)
-    extra: dict[str, Any] = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
-    cache = preallocated_cache(model, width + steps)
-    if cache is not None:
-        extra["cache"] = cache
+    next_position = position_ids[:, -1:] + 1
+    extra = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
     output = call_model(
         model,
         input_ids=prompt_ids,
-        attention_mask=attention_mask if padded else None,
+        attention_mask=attention_mask,
         position_ids=position_ids,
         use_cache=True,
         **extra,
     )
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    pad = torch.full((batch,), pad_id, dtype=torch.long, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+    pad = torch.full((batch,), pad_id, dtype=torch.long, device=prompt_ids.device)
+    one = torch.ones(batch, 1, dtype=torch.long, device=prompt_ids.device)
     tokens: list[Tensor] = []
     logprobs: list[Tensor] = []
     for step in range(steps):
@@ -283,14 +183,16 @@ def generate(
             done = all_ended(done)
         if step == steps - 1 or done:
             break
+        attention_mask = torch.cat([attention_mask, one], dim=1)
         output = call_model(
             model,
             input_ids=token.unsqueeze(1),
-            attention_mask=full_mask[:, : width + step + 1] if padded else None,
-            position_ids=positions[:, step : step + 1],
+            attention_mask=attention_mask,
+            position_ids=next_position,
             cache=output_cache(output),
             use_cache=True,
         )
+        next_position = next_position + 1
     response_ids = torch.stack(tokens, dim=1)
     response_mask, ended = first_eos_mask(response_ids, eos_id)
     sampled = torch.stack(logprobs, dim=1) if return_logprobs else None

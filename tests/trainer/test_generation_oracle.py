@@ -1,6 +1,8 @@
-"""``generate`` with its preallocated KV cache and laid-out masks (issue 12, part 4) gives bit for bit
-the samples of the plain KV-cache loop with transformers' own growing cache: same tokens and
-sampling log-probs, with and without padded prompts."""
+"""``generate`` gives bit for bit the samples of a plain KV-cache loop written here (the model's own
+growing cache, the explicit attention mask concatenated at every step): same tokens and sampling
+log-probs, padded and unpadded prompts, fp32 and bf16 autocast. The oracle for any faster sampler
+(issue 12, part 4: a preallocated cache and laid-out masks were tried, measured slower on CPU and
+dropped; see bench/PERF-NOTES.md)."""
 
 from __future__ import annotations
 
@@ -9,20 +11,16 @@ from typing import Any
 import pytest
 import torch
 from transformers import (
-    DynamicCache,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
     LlamaForCausalLM,
-    MistralConfig,
-    MistralForCausalLM,
 )
 
 from ppo_ref.trainer.generation import (
     generate,
     left_pad,
     position_ids_from_mask,
-    preallocated_cache,
     sample_from_logits,
     sampling_logprob,
 )
@@ -100,15 +98,12 @@ def _plain_loop(model: Any, ids: torch.Tensor, mask: torch.Tensor, uniforms: tor
 
 
 @pytest.mark.parametrize("build", [_gpt2, _llama], ids=["gpt2", "llama"])
-@pytest.mark.parametrize(
-    "sampling", [{}, {"temperature": 0.7}, {"top_k": 5}, {"top_p": 0.8, "temperature": 1.3}], ids=str
-)
+@pytest.mark.parametrize("sampling", [{}, {"top_k": 5}, {"top_p": 0.8, "temperature": 1.3}], ids=str)
 @pytest.mark.parametrize("bf16", [False, True], ids=["fp32", "bf16-autocast"])
 def test_generate_is_bitwise_the_plain_kv_cache_loop(
     build: Any, sampling: dict[str, float], bf16: bool
 ) -> None:
     model = build()
-    assert preallocated_cache(model, 20) is not None  # the fast path is the one under test
     ended = []
     for seed, padded in [(0, True), (1, True), (2, True), (3, False), (4, False)]:
         ids, mask, uniforms = _prompts(seed, padded)
@@ -120,32 +115,3 @@ def test_generate_is_bitwise_the_plain_kv_cache_loop(
         assert torch.equal(fast.logprobs, logprobs), f"log-probs differ (seed {seed}, padded {padded})"
         ended.append(fast.ended)
     assert bool(torch.cat(ended).any()) and not bool(torch.cat(ended).all())  # EOS stops some rows
-
-
-def test_layers_fill_their_storage_and_return_views() -> None:
-    cache = preallocated_cache(_gpt2(), 6)
-    assert cache is not None
-    layer = cache.layers[0]
-    k1, v1 = torch.randn(2, 2, 4, 16), torch.randn(2, 2, 4, 16)
-    keys, values = layer.update(k1, v1)
-    assert keys.shape == (2, 2, 4, 16) and torch.equal(keys, k1) and torch.equal(values, v1)
-    k2, v2 = torch.randn(2, 2, 1, 16), torch.randn(2, 2, 1, 16)
-    keys, values = layer.update(k2, v2)
-    assert torch.equal(keys, torch.cat([k1, k2], dim=2)) and torch.equal(values, torch.cat([v1, v2], dim=2))
-    assert layer.get_seq_length() == 5
-    # Past the capacity it falls back to concatenation: still the right keys, only slower.
-    k3, v3 = torch.randn(2, 2, 3, 16), torch.randn(2, 2, 3, 16)
-    keys, _ = layer.update(k3, v3)
-    assert torch.equal(keys, torch.cat([k1, k2, k3], dim=2)) and layer.get_seq_length() == 8
-
-
-def test_only_plain_full_attention_caches_are_preallocated() -> None:
-    assert preallocated_cache(lambda **kw: None, 8) is None  # no config: the model builds its own
-    config = MistralConfig(
-        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, vocab_size=VOCAB
-    )
-    config.sliding_window = 4  # its own cache is made of sliding-window layers: left to the model
-    assert any(type(layer).__name__ != "DynamicLayer" for layer in DynamicCache(config=config).layers)
-    assert preallocated_cache(MistralForCausalLM(config), 8) is None
-    with pytest.raises(ValueError, match="capacity"):
-        preallocated_cache(_gpt2(), 0)

@@ -90,13 +90,15 @@ def make_grpo_trainer(out_dir: str, beta: float, **overrides: Any) -> Any:
     return PPOTrainer(grpo_config(out_dir, beta, **overrides), setup)
 
 
-def _median_seconds(call: Callable[[], object], repeats: int) -> float:
-    times = []
+def _timed(call: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median wall seconds and median process CPU seconds of ``repeats`` calls."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         call()
-        times.append(time.perf_counter() - began)
-    return statistics.median(times)
+        wall.append(time.perf_counter() - began)
+        cpu.append(time.process_time() - cpu_began)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 class BareGrpo:
@@ -209,18 +211,24 @@ class BareGrpo:
 
     def measure(self, repeats: int = 1) -> dict[str, float]:
         """Median seconds of each part over ``repeats`` runs; ``bare`` = generate + reference + update
-        (with ``model.generate``), ``bare_own`` the same with ppo-ref's sampler instead."""
+        (with ``model.generate``), ``bare_own`` the same with ppo-ref's sampler instead; the
+        ``*_cpu`` entries are the same in process CPU seconds."""
         reference = self.reference_forward()
-        parts = {
-            "generate": _median_seconds(self.generate, repeats),
-            "generate_own": _median_seconds(self.generate_own, repeats),
-            "reference": _median_seconds(self.reference_forward, repeats)
+        timed = {
+            "generate": _timed(self.generate, repeats),
+            "generate_own": _timed(self.generate_own, repeats),
+            "reference": _timed(self.reference_forward, repeats)
             if self.reference is not None
-            else 0.0,
-            "update": _median_seconds(lambda: self.update(reference), repeats),
+            else (0.0, 0.0),
+            "update": _timed(lambda: self.update(reference), repeats),
         }
+        parts = {name: wall for name, (wall, _) in timed.items()}
+        cpu = {name: seconds for name, (_, seconds) in timed.items()}
         parts["bare"] = parts["generate"] + parts["reference"] + parts["update"]
         parts["bare_own"] = parts["generate_own"] + parts["reference"] + parts["update"]
+        parts["bare_cpu"] = cpu["generate"] + cpu["reference"] + cpu["update"]
+        parts["bare_own_cpu"] = cpu["generate_own"] + cpu["reference"] + cpu["update"]
+        parts.update({f"{name}_cpu": seconds for name, seconds in cpu.items()})
         return parts
 
 
@@ -244,7 +252,8 @@ def serve(role: str, beta: float) -> None:
         for line in sys.stdin:
             command = json.loads(line)
             if command["cmd"] == "iterations" and stepper is not None:
-                reply({"seconds": [stepper.step() for _ in range(int(command["n"]))]})
+                seconds = [stepper.step() for _ in range(int(command["n"]))]
+                reply({"seconds": seconds, "cpu_seconds": stepper.cpu_seconds[-len(seconds) :]})
             elif command["cmd"] == "bare" and bare is not None:
                 reply(bare.measure(int(command.get("repeats", 1))))
             elif command["cmd"] == "info":

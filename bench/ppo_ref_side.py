@@ -105,6 +105,7 @@ class TrainStepper:
     def __init__(self, trainer: Any) -> None:
         self.trainer = trainer
         self.steps = 0
+        self.cpu_seconds: list[float] = []  # process CPU seconds of each step (less load-sensitive than wall)
         self._go = threading.Semaphore(0)
         self._done = threading.Semaphore(0)
         self._stopping = False
@@ -152,10 +153,11 @@ class TrainStepper:
 
     def step(self) -> float:
         """Run one iteration of ``train()``; return its wall seconds."""
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         self._go.release()
         self._done.acquire()
         seconds = time.perf_counter() - began
+        self.cpu_seconds.append(time.process_time() - cpu_began)  # every thread of the process
         self._raise_if_failed()
         self.steps += 1
         return seconds
@@ -182,12 +184,16 @@ class TrainStepper:
             self._thread.join(timeout=60)
 
 
-def _median_seconds(call: Callable[[], object], repeats: int) -> float:
-    times = []
+def _median_seconds(call: Callable[[], object], repeats: int, cpu: list[float] | None = None) -> float:
+    """Median wall seconds of ``repeats`` calls; the median process CPU seconds go to ``cpu``."""
+    times, cpu_times = [], []
     for _ in range(repeats):
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         call()
         times.append(time.perf_counter() - began)
+        cpu_times.append(time.process_time() - cpu_began)
+    if cpu is not None:
+        cpu.append(statistics.median(cpu_times))
     return statistics.median(times)
 
 
@@ -300,22 +306,25 @@ class BareCompute:
                 losses.append(loss.detach())
         return losses
 
-    def _seconds(self, call: Callable[[], object], repeats: int) -> float:
+    def _seconds(self, call: Callable[[], object], repeats: int, cpu: list[float] | None = None) -> float:
         def synchronized() -> None:
             call()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
 
-        return _median_seconds(synchronized, repeats)
+        return _median_seconds(synchronized, repeats, cpu)
 
     def measure(self, repeats: int = 3) -> dict[str, float]:
-        """Median seconds of each part over ``repeats`` runs, and their sum (``bare``)."""
+        """Median seconds of each part over ``repeats`` runs, and their sum (``bare``); ``bare_cpu``
+        is the same sum in process CPU seconds."""
+        cpu: list[float] = []
         parts = {
-            "generate": self._seconds(self.generate, repeats),
-            "forwards": self._seconds(self.forwards, repeats),
-            "update": self._seconds(self.update, repeats),
+            "generate": self._seconds(self.generate, repeats, cpu),
+            "forwards": self._seconds(self.forwards, repeats, cpu),
+            "update": self._seconds(self.update, repeats, cpu),
         }
         parts["bare"] = parts["generate"] + parts["forwards"] + parts["update"]
+        parts["bare_cpu"] = sum(cpu)
         return parts
 
 
@@ -336,7 +345,8 @@ def serve() -> None:
         for line in sys.stdin:
             command = json.loads(line)
             if command["cmd"] == "iterations":
-                reply({"seconds": [stepper.step() for _ in range(int(command["n"]))]})
+                seconds = [stepper.step() for _ in range(int(command["n"]))]
+                reply({"seconds": seconds, "cpu_seconds": stepper.cpu_seconds[-len(seconds) :]})
             elif command["cmd"] == "bare":
                 reply(bare.measure(int(command.get("repeats", 3))))
             elif command["cmd"] == "profile":

@@ -456,12 +456,44 @@ def grpo_summary(result: dict[str, Any]) -> dict[str, Any]:
         "rss_bare": info["bare"]["peak_rss_bytes"],
         "stages": info["ppo_ref"].get("stage_seconds_median", {}),
         "loads": [r["loadavg_1min"] for r in rounds],
+        **{
+            key: statistics.median(r[key] for r in rounds) if all(key in r for r in rounds) else math.nan
+            for key in (
+                "ratio_cpu",
+                "ppo_ref_over_bare_cpu",
+                "ppo_ref_over_bare_own_cpu",
+                "trl_over_bare_cpu",
+            )
+        },
     }
+
+
+def _merge_repeats(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per beta: the rounds of every repeat together, the last repeat's process info, and
+    each repeat's median per-round ratios (wall and CPU seconds) as ``repeat_ratios``."""
+    merged: dict[float, dict[str, Any]] = {}
+    for entry in entries:
+        into = merged.setdefault(entry["beta"], {**entry, "rounds": [], "repeat_ratios": []})
+        into["rounds"] = into["rounds"] + entry["rounds"]
+        previous = into["info"]
+        into["info"] = {
+            role: {**info, "peak_rss_bytes": max(info["peak_rss_bytes"], previous[role]["peak_rss_bytes"])}
+            for role, info in entry["info"].items()
+        }
+        into["repeat_ratios"].append(
+            (
+                statistics.median(r["ratio_trl_over_ppo_ref"] for r in entry["rounds"]),
+                statistics.median(r.get("ratio_cpu", math.nan) for r in entry["rounds"]),
+                statistics.median(r.get("ppo_ref_over_bare_cpu", math.nan) for r in entry["rounds"]),
+            )
+        )
+    return list(merged.values())
 
 
 def grpo_section(run: dict[str, Any]) -> list[str]:
     """The markdown of the GRPO comparison of ``run`` (every figure from that run)."""
-    results = [grpo_summary(r) for r in run["grpo"]]
+    merged = _merge_repeats(run["grpo"])
+    results = [{**grpo_summary(r), "repeat_ratios": r["repeat_ratios"]} for r in merged]
     machine = run["machine"]
     first = run["grpo"][0]["info"]
     trl_info = first["trl"]
@@ -500,9 +532,13 @@ def grpo_section(run: dict[str, Any]) -> list[str]:
     add("")
     add(
         "Three processes (ppo-ref's trainer, TRL's trainer, the bare model work), "
-        f"{len(run['grpo'][0]['rounds'])} rounds of {run['grpo'][0]['block']} iterations each after "
-        f"{run['settings']['warmup']} warm-up iterations; the order of the three rotates every round. "
-        "Peak memory: `ru_maxrss` of each process (each runs nothing else; imports included)."
+        f"{len(merged[0]['repeat_ratios'])} repeats per beta (fresh processes each), each "
+        f"{len(run['grpo'][0]['rounds'])} rounds of {run['grpo'][0]['block']} iterations per process after "
+        f"{run['settings']['warmup']} warm-up iterations; the order of the three rotates every round; "
+        "medians below are over all rounds of all repeats. Wall-clock ratios are the target's measure; on "
+        "a machine this loaded they scatter widely, so the same ratios in process CPU seconds (every "
+        "thread of the process; the load of other jobs disturbs them less) are given beside them. Peak "
+        "memory: `ru_maxrss` of each process (each runs nothing else; imports included; the largest repeat)."
     )
     add("")
     add("| | " + " | ".join(f"beta = {r['beta']:g}" for r in results) + " |")
@@ -522,6 +558,10 @@ def grpo_section(run: dict[str, Any]) -> list[str]:
         ),
         ("per-round ratios", lambda r: ", ".join(f"{x:.2f}" for x in r["per_round"])),
         (
+            "each repeat's median: TRL / ppo-ref wall; CPU; ppo-ref / bare CPU",
+            lambda r: " / ".join(f"{a:.2f}; {b:.2f}; {c:.2f}" for a, b, c in r["repeat_ratios"]),
+        ),
+        (
             "peak RSS ppo-ref / TRL (target <=)",
             lambda r: f"{_mib(r['rss_ours'])} / {_mib(r['rss_trl'])} ({_met(r['rss_ours'] <= r['rss_trl'])})",
         ),
@@ -536,6 +576,13 @@ def grpo_section(run: dict[str, Any]) -> list[str]:
         ("ppo-ref / bare (with `model.generate`)", lambda r: f"{r['over_bare']:.2f}x"),
         ("ppo-ref / bare (with ppo-ref's sampler)", lambda r: f"{r['over_bare_own']:.2f}x"),
         ("TRL / bare (with `model.generate`)", lambda r: f"{r['trl_over_bare']:.2f}x"),
+        (
+            "CPU seconds: TRL / ppo-ref; ppo-ref / bare (`model.generate`; own sampler); TRL / bare",
+            lambda r: (
+                f"{r['ratio_cpu']:.2f}x; {r['ppo_ref_over_bare_cpu']:.2f}x; "
+                f"{r['ppo_ref_over_bare_own_cpu']:.2f}x; {r['trl_over_bare_cpu']:.2f}x"
+            ),
+        ),
         ("peak RSS of the bare process", lambda r: _mib(r["rss_bare"])),
     ]
     for label, cell in rows:
@@ -554,10 +601,40 @@ def grpo_section(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def overhead_lines(run: dict[str, Any]) -> list[str]:
+    """The PPO iteration's overhead over its bare compute, from a partial run (``--only trainer``)."""
+    rounds = run["trainer"]["rounds"]
+    wall = [r["overhead"] for r in rounds]
+    cpu = [r["overhead_cpu"] for r in rounds if "overhead_cpu" in r]
+    ratio = [r["ratio_trl_over_ppo_ref"] for r in rounds]
+    ratio_cpu = [r["ratio_cpu"] for r in rounds if "ratio_cpu" in r]
+    loads = [r["loadavg_1min"] for r in rounds]
+    lines = [
+        "",
+        f"### PPO iteration over its bare compute (`{run['command']}`, {run['date_utc']})",
+        "",
+        f"{len(rounds)} rounds (load average {min(loads):.1f}-{max(loads):.1f}); per-round overhead "
+        f"(wall): {', '.join(f'{x:.2f}' for x in wall)}; median **{statistics.median(wall):.2f}x**.",
+    ]
+    if cpu:
+        lines.append(
+            f"In process CPU seconds: {', '.join(f'{x:.2f}' for x in cpu)}; median "
+            f"**{statistics.median(cpu):.2f}x** (target <= 1.05)."
+        )
+    lines.append(
+        f"TRL 1.12 / ppo-ref in the same rounds: median {statistics.median(ratio):.2f}x (wall)"
+        + (f", {statistics.median(ratio_cpu):.2f}x (CPU seconds)." if ratio_cpu else ".")
+    )
+    return lines
+
+
 def write_grpo_section(run: dict[str, Any], out: Path) -> Path:
     """Put the GRPO section of ``run`` into ``out`` (replacing the previous one, else before the
     primitives section, else at the end); the rest of the file is left as it is."""
-    section = "\n".join(grpo_section(run)) + "\n"
+    lines = grpo_section(run) if "grpo" in run else [GRPO_BEGIN, GRPO_END]
+    if "trainer" in run and "ratio_cpu" in run["trainer"]["rounds"][0]:
+        lines[-1:-1] = overhead_lines(run)
+    section = "\n".join(lines) + "\n"
     text = out.read_text() if out.exists() else ""
     if GRPO_BEGIN in text and GRPO_END in text:
         head, rest = text.split(GRPO_BEGIN, 1)

@@ -148,7 +148,11 @@ def serve(stepper: TrlStepper) -> None:
     for line in sys.stdin:
         command = json.loads(line)
         if command["cmd"] == "iterations":
-            message: dict[str, Any] = {"seconds": [stepper.step() for _ in range(int(command["n"]))]}
+            seconds = [stepper.step() for _ in range(int(command["n"]))]
+            message: dict[str, Any] = {
+                "seconds": seconds,
+                "cpu_seconds": stepper.cpu_seconds[-len(seconds) :],
+            }
         elif command["cmd"] == "info":
             message = {
                 "peak_rss_bytes": tiny_ppo.peak_rss_bytes(),

@@ -103,6 +103,7 @@ class TrlStepper:
         from transformers import TrainerCallback
 
         self.steps = 0
+        self.cpu_seconds: list[float] = []  # process CPU seconds of each step (less load-sensitive than wall)
         self._go = threading.Semaphore(0)
         self._done = threading.Semaphore(0)
         self._stopping = False
@@ -147,10 +148,11 @@ class TrlStepper:
             raise RuntimeError("TRL's train() returned early")
 
     def step(self) -> float:
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         self._go.release()
         self._done.acquire()
         seconds = time.perf_counter() - began
+        self.cpu_seconds.append(time.process_time() - cpu_began)  # every thread of the process
         self._raise_if_failed()
         self.steps += 1
         return seconds
@@ -191,7 +193,8 @@ def serve(stepper: TrlStepper) -> None:
     for line in sys.stdin:
         command = json.loads(line)
         if command["cmd"] == "iterations":
-            reply({"seconds": [stepper.step() for _ in range(int(command["n"]))]})
+            seconds = [stepper.step() for _ in range(int(command["n"]))]
+            reply({"seconds": seconds, "cpu_seconds": stepper.cpu_seconds[-len(seconds) :]})
         elif command["cmd"] == "info":
             reply(
                 {

@@ -206,16 +206,25 @@ def run_trainer_comparison(args: argparse.Namespace, env: dict[str, str]) -> dic
                 if name == "bare":
                     record["bare"] = workers["ppo_ref"].ask(cmd="bare", repeats=1)
                 else:
-                    record[name] = workers[name].ask(cmd="iterations", n=args.block)["seconds"]
+                    reply = workers[name].ask(cmd="iterations", n=args.block)
+                    record[name], record[f"{name}_cpu"] = reply["seconds"], reply["cpu_seconds"]
             ours, theirs = statistics.median(record["ppo_ref"]), statistics.median(record["trl"])
             record["ratio_trl_over_ppo_ref"] = theirs / ours
             record["overhead"] = ours / record["bare"]["bare"]
             record["trl_over_bare"] = theirs / record["bare"]["bare"]
+            # The same ratios in process CPU seconds, which other jobs' load disturbs less than wall time.
+            ours_cpu, theirs_cpu = (
+                statistics.median(record["ppo_ref_cpu"]),
+                statistics.median(record["trl_cpu"]),
+            )
+            record["ratio_cpu"] = theirs_cpu / ours_cpu
+            record["overhead_cpu"] = ours_cpu / record["bare"]["bare_cpu"]
             rounds.append(record)
             log(
                 f"round {index + 1}/{args.rounds}: ppo-ref {ours:.3f} s, TRL {theirs:.3f} s, bare "
                 f"{record['bare']['bare']:.3f} s: ratio {record['ratio_trl_over_ppo_ref']:.2f}x, overhead "
-                f"{record['overhead']:.2f}x, load {record['loadavg_1min']:.1f}"
+                f"{record['overhead']:.2f}x (CPU seconds: ratio {record['ratio_cpu']:.2f}x, overhead "
+                f"{record['overhead_cpu']:.2f}x), load {record['loadavg_1min']:.1f}"
             )
         infos = {name: w.ask(cmd="info", skip=args.warmup) for name, w in workers.items()}
         profile = workers["ppo_ref"].ask(cmd="profile", n=args.profile_iterations)
@@ -281,20 +290,31 @@ def run_grpo_comparison(args: argparse.Namespace, env: dict[str, str], beta: flo
                 if name == "bare":
                     record["bare"] = workers["bare"].ask(cmd="bare", repeats=1)
                 else:
-                    record[name] = workers[name].ask(cmd="iterations", n=args.block)["seconds"]
+                    reply = workers[name].ask(cmd="iterations", n=args.block)
+                    record[name], record[f"{name}_cpu"] = reply["seconds"], reply["cpu_seconds"]
             ours, theirs = statistics.median(record["ppo_ref"]), statistics.median(record["trl"])
             bare = record["bare"]
             record["ratio_trl_over_ppo_ref"] = theirs / ours
             record["ppo_ref_over_bare"] = ours / bare["bare"]
             record["ppo_ref_over_bare_own"] = ours / bare["bare_own"]
             record["trl_over_bare"] = theirs / bare["bare"]
+            ours_cpu, theirs_cpu = (
+                statistics.median(record["ppo_ref_cpu"]),
+                statistics.median(record["trl_cpu"]),
+            )
+            record["ratio_cpu"] = theirs_cpu / ours_cpu
+            record["ppo_ref_over_bare_cpu"] = ours_cpu / bare["bare_cpu"]
+            record["ppo_ref_over_bare_own_cpu"] = ours_cpu / bare["bare_own_cpu"]
+            record["trl_over_bare_cpu"] = theirs_cpu / bare["bare_cpu"]
             rounds.append(record)
             log(
                 f"GRPO beta={beta:g} round {index + 1}/{args.rounds}: ppo-ref {ours:.3f} s, "
                 f"TRL {theirs:.3f} s, "
                 f"bare {bare['bare']:.3f} s (generate {bare['generate']:.3f}, ppo-ref's sampler "
                 f"{bare['generate_own']:.3f}): TRL/ppo-ref {record['ratio_trl_over_ppo_ref']:.2f}x, "
-                f"ppo-ref/bare {record['ppo_ref_over_bare']:.2f}x, TRL/bare {record['trl_over_bare']:.2f}x, "
+                f"ppo-ref/bare {record['ppo_ref_over_bare']:.2f}x, TRL/bare {record['trl_over_bare']:.2f}x; "
+                f"CPU seconds: TRL/ppo-ref {record['ratio_cpu']:.2f}x, ppo-ref/bare "
+                f"{record['ppo_ref_over_bare_cpu']:.2f}x, TRL/bare {record['trl_over_bare_cpu']:.2f}x; "
                 f"load {record['loadavg_1min']:.1f}"
             )
         infos = {name: w.ask(cmd="info", skip=args.warmup) for name, w in workers.items()}
@@ -443,6 +463,12 @@ def main(argv: list[str] | None = None) -> int:
         "--betas", type=float, nargs="*", default=[0.0, 0.04], help="KL coefficients of the GRPO comparison"
     )
     parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="GRPO comparisons per beta, each with fresh processes (the spread)",
+    )
+    parser.add_argument(
         "--omp-wait-policy",
         default="PASSIVE",
         help="OMP_WAIT_POLICY for every subprocess ('' keeps the environment's)",
@@ -488,7 +514,11 @@ def main(argv: list[str] | None = None) -> int:
             run["loadavg_after_trainer"] = os.getloadavg()
         if "grpo" not in args.skip:
             log(f"GRPO vs TRL 1.16: {args.rounds} rounds of {args.block} iterations each, betas {args.betas}")
-            run["grpo"] = [run_grpo_comparison(args, env, beta) for beta in args.betas]
+            run["grpo"] = [
+                {**run_grpo_comparison(args, env, beta), "repeat": repeat}
+                for repeat in range(args.repeat)
+                for beta in args.betas
+            ]
             run["loadavg_after_grpo"] = os.getloadavg()
         if "primitives" not in args.skip:
             run["primitives"] = run_primitives(impls, env, max_time)
@@ -504,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         name = "run-" + "-".join(args.only) + ".json"
         (RESULTS / name).write_text(json.dumps(run, indent=1) + "\n")
         log(f"wrote bench/results/{name} in {run['wall_seconds'] / 60:.1f} min")
-        if "grpo" in run:
+        if "grpo" in run or "trainer" in run:
             path = write_grpo_section(run, ROOT / "bench" / "RESULTS.md")
             log(f"updated the GRPO section of {path.relative_to(ROOT)}")
         return 0

@@ -138,7 +138,7 @@ def _with_backward(
     def run() -> Any:
         leaf.grad = None
         out = call()
-        value(out).backward()
+        value(out).backward()  # type: ignore[no-untyped-call]
         return out
 
     return run
@@ -238,6 +238,11 @@ def _ref_correction(data: dict[str, Tensor], variant: str) -> Callable[[], Tenso
     )
 
 
+def _call_of(function: Callable[[Tensor, Tensor], Tensor]) -> Callable[[Tensor, Tensor], Callable[[], Any]]:
+    """``make(x, mask)`` for :func:`_passes` from a function of (x, mask)."""
+    return lambda x, m: lambda: function(x, m)
+
+
 def mine_cases(data: dict[str, Tensor]) -> list[Case]:
     """ppo-ref's public, validating functions."""
     cases = [
@@ -254,13 +259,13 @@ def mine_cases(data: dict[str, Tensor]) -> list[Case]:
         cases += _passes(
             f"aggregate_loss/{mode}",
             "mine",
-            lambda x, m, agg=agg: lambda: agg(x, m),
+            _call_of(agg),
             data,
             agg,
             input_name="per_token",
         )
     policy, gspo, cispo = _ref_policy(data), _ref_gspo(data), _ref_cispo(data)
-    adv, seq_adv, old, ref = data["advantages"], data["seq_advantages"], data["old_logp"], data["ref_logp"]
+    adv, seq_adv, old = data["advantages"], data["seq_advantages"], data["old_logp"]
 
     def policy_call(x: Tensor, m: Tensor) -> Callable[[], Any]:
         return lambda: ppo_ref.policy_loss(x, old, adv, m, CLIP, clip_eps_high=CLIP_HIGH, dual_clip=DUAL)
@@ -279,7 +284,7 @@ def mine_cases(data: dict[str, Tensor]) -> list[Case]:
         cases += _passes(
             f"kl_loss/{estimator}",
             "mine",
-            lambda x, m, est=estimator: lambda: ppo_ref.kl_loss(x, ref, m, est),
+            _call_of(_ref_kl(data, estimator)),
             data,
             kl,
         )
@@ -736,7 +741,7 @@ class Worker:
         )
         hello = self.read()
         self.error: str | None = None if hello.get("ok") else str(hello.get("error", "no answer"))
-        self.cases: list[tuple[str, str]] = [tuple(k) for k in hello.get("cases", [])]  # type: ignore[misc]
+        self.cases: list[tuple[str, str]] = [(str(k[0]), str(k[1])) for k in hello.get("cases", [])]
         self.notes: dict[str, str] = hello.get("notes", {})
 
     def read(self) -> dict[str, Any]:

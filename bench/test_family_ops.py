@@ -56,22 +56,22 @@ def _oracle(key: str, data: dict[str, Tensor]) -> tuple[Tensor, object]:
         mine = ppo_ref.aggregate_loss(x, mask, variant, norm_constant=constant)
         return mine, oracles.aggregate(x, mask, variant, constant)
     if op == "policy_loss":
-        mine = ppo_ref.policy_loss(
+        clipped = ppo_ref.policy_loss(
             logp, old, adv, mask, side.CLIP, clip_eps_high=side.CLIP_HIGH, dual_clip=side.DUAL
         )
         expected = oracles.clipped_policy_loss(
             logp, old, adv, mask, side.CLIP, side.CLIP_HIGH, side.DUAL, "token-mean", tie_tol=0.0
         )
-        return mine.loss, expected.loss
+        return clipped.loss, expected.loss
     if op == "gspo_loss":
         seq_adv = data["seq_advantages"][two]
-        mine = ppo_ref.gspo_loss(logp, old, seq_adv, mask, side.GSPO_CLIP, clip_eps_high=side.GSPO_CLIP_HIGH)
-        return mine.loss, oracles.gspo_loss(
+        gspo = ppo_ref.gspo_loss(logp, old, seq_adv, mask, side.GSPO_CLIP, clip_eps_high=side.GSPO_CLIP_HIGH)
+        return gspo.loss, oracles.gspo_loss(
             logp, old, seq_adv, mask, side.GSPO_CLIP, side.GSPO_CLIP_HIGH, tie_tol=0.0
         ).loss
     if op == "cispo_loss":
-        mine = ppo_ref.cispo_loss(logp, old, adv, mask, side.CISPO_LOW, side.CISPO_HIGH)
-        return mine.loss, oracles.cispo_loss(
+        cispo = ppo_ref.cispo_loss(logp, old, adv, mask, side.CISPO_LOW, side.CISPO_HIGH)
+        return cispo.loss, oracles.cispo_loss(
             logp, old, adv, mask, side.CISPO_LOW, side.CISPO_HIGH, "token-mean"
         )[0]
     if op == "kl_loss":

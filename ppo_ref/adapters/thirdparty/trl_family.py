@@ -15,9 +15,18 @@ fails loudly instead of running), with the variables the trainer binds there:
   of width ``num_generations`` = the largest group, fills the rest with NaN (the trainer's mark of an
   unscorable completion, excluded from every mean and std by ``nanmean``/``nanstd``), runs the lines
   once on the whole batch and reads each group's rows back. ``eps`` is TRL's fixed 1e-4 (declared).
+- ``rollout_correction`` runs GRPO's ``vllm_importance_sampling_correction`` lines (the ratio lines,
+  then the statements of the ``*_truncate`` or of the ``*_mask`` branch, each pinned: the branch's
+  ``if``/``elif`` on the mode is the one thing the adapter does itself) with
+  ``old_per_token_logps = logp``, ``sampling_per_token_logps = rollout_logp``, ``mask`` the mask,
+  ``vllm_importance_sampling_mode`` ``{level}_{mode}`` (``token``/``sequence``, ``truncate``/``mask``)
+  and ``vllm_importance_sampling_clip_min``/``_max`` = ``low``/``high``. A sequence-level ratio is
+  (B, 1), which TRL broadcasts over the row's tokens when it multiplies the per-token loss; the
+  adapter returns that broadcast. TRL leaves ratio 1 (token level) or the row's ratio (sequence
+  level) on masked-out tokens, which its masked loss never reads: declared ``off_mask_outputs``.
 
-Only ``group_advantages`` is wired so far; the loss types of ``_compute_loss``, the KL term and the
-importance-sampling modes are not provided yet (``NOT_PROVIDED``).
+The loss types of ``_compute_loss`` and its KL term are not provided yet (``NOT_PROVIDED``; the
+trainer-step tier runs them through ``GRPOTrainer.train``, ``trl_step.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +64,36 @@ BLOCKS: Mapping[str, InlineBlock] = MappingProxyType(
             "advantages = torch.nan_to_num(advantages, nan=0.0)",
             "71c02e53e20a42aa",
         ),
+        "is_ratio": InlineBlock(
+            "trl.trainer.grpo_trainer",
+            GRPO,
+            "per_token_logps_diff = (old_per_token_logps - sampling_per_token_logps) * mask",
+            "vllm_importance_sampling_ratio = torch.exp(logps_diff)",
+            "6fa4bbdbdf4a1a02",
+        ),
+        "is_truncate": InlineBlock(
+            "trl.trainer.grpo_trainer",
+            GRPO,
+            'if self.vllm_importance_sampling_mode in ["sequence_truncate", "token_truncate"]:',
+            ")",
+            "d0225fa35fac0371",
+        ),
+        "is_mask_min": InlineBlock("trl.trainer.grpo_trainer", GRPO, "min_val = (", ")", "b8663d63f8f58f2c"),
+        "is_mask_max": InlineBlock("trl.trainer.grpo_trainer", GRPO, "max_val = (", ")", "d26083514204541f"),
+        "is_mask_outside": InlineBlock(
+            "trl.trainer.grpo_trainer",
+            GRPO,
+            "invalid_mis_mask = (vllm_importance_sampling_ratio < min_val) | (",
+            ")",
+            "ac57b53c2a2fcf3f",
+        ),
+        "is_mask_fill": InlineBlock(
+            "trl.trainer.grpo_trainer",
+            GRPO,
+            "vllm_importance_sampling_ratio = vllm_importance_sampling_ratio.masked_fill(",
+            ")",
+            "7e8f5b7e8fe550d1",
+        ),
         "rloo_advantages": InlineBlock(
             "trl.trainer.rloo_trainer",
             RLOO,
@@ -66,13 +105,24 @@ BLOCKS: Mapping[str, InlineBlock] = MappingProxyType(
 )
 """The installed lines each op runs (first line, last line, digest)."""
 
-CONVENTIONS: Mapping[str, object] = MappingProxyType({"group_std_eps": 1e-4})
+CONVENTIONS: Mapping[str, object] = MappingProxyType(
+    {
+        "group_std_eps": 1e-4,
+        "correction_levels": ["token", "sequence"],
+        "off_mask_outputs": ["rollout_correction"],
+    }
+)
 """TRL 1.16's declared conventions (sources in CONVENTION_SOURCES)."""
 
 CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
     {
         "group_std_eps": "trl/trainer/grpo_trainer.py GRPOTrainer._generate_and_score_completions: "
         "`advantages = advantages / (std_rewards + 1e-4)` (scale_rewards 'group' or 'batch')",
+        "correction_levels": "trl/trainer/grpo_trainer.py: vllm_importance_sampling_mode token_* or "
+        "sequence_* (the product ratio exp(sum of log-ratios)); no geometric mean",
+        "off_mask_outputs": "trl/trainer/grpo_trainer.py: `per_token_logps_diff = (old_per_token_logps - "
+        "sampling_per_token_logps) * mask` gives ratio 1 off the mask (the row's ratio at sequence level); "
+        "_compute_loss multiplies the per-token loss by it and then masks the loss",
     }
 )
 
@@ -92,7 +142,6 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
         "gspo_loss": "importance_sampling_level='sequence' of _compute_loss is not wired yet",
         "cispo_loss": "loss_type='cispo' of _compute_loss is not wired yet",
         "kl_loss": "the beta * k3 term of _compute_loss is not wired yet",
-        "rollout_correction": "vllm_importance_sampling_mode needs vLLM's log-probs; not wired yet",
     }
 )
 
@@ -112,12 +161,16 @@ class TrlFamilyAdapter:
             key: f"{b.block.owner} lines {b.where()} (digest {b.block.digest})"
             for key, b in self._located.items()
         }
-        self.ops: frozenset[str] = frozenset({"group_advantages"})
+        self.ops: frozenset[str] = frozenset({"group_advantages", "rollout_correction"})
         self.provenance = "; ".join(
             [
                 f"group_advantages: grpo, dr_grpo {where['grpo_advantages']} then "
                 f"{where['grpo_unscorable']}; "
-                f"rloo {where['rloo_advantages']}; groups laid out as (prompts, num_generations), NaN-filled"
+                f"rloo {where['rloo_advantages']}; groups laid out as (prompts, num_generations), NaN-filled",
+                f"rollout_correction: {where['is_ratio']}, then {where['is_truncate']} or "
+                f"{where['is_mask_min']}, {where['is_mask_max']}, {where['is_mask_outside']}, "
+                f"{where['is_mask_fill']}, with vllm_importance_sampling_mode = "
+                "'{level}_{mode}', clip_min = low, clip_max = high",
             ]
             + [f"not provided: {op} ({reason})" for op, reason in NOT_PROVIDED.items()]
         )
@@ -166,6 +219,47 @@ class TrlFamilyAdapter:
             namespace = self._located["grpo_unscorable"].run(advantages=namespace["advantages"])
         advantages: Tensor = namespace["advantages"]
         return advantages[slots]
+
+    def rollout_correction(
+        self,
+        logp: Tensor,
+        rollout_logp: Tensor,
+        mask: Tensor,
+        *,
+        level: str = "token",
+        mode: str = "truncate",
+        high: float,
+        low: float | None = None,
+    ) -> Tensor:
+        if level not in ("token", "sequence"):
+            raise ValueError(
+                f"level: TRL's vllm_importance_sampling_mode is token_* or sequence_*, got {level!r}"
+            )
+        if mode not in ("truncate", "mask"):
+            raise ValueError(f"mode: expected 'truncate' or 'mask', got {mode!r}")
+        trainer = SimpleNamespace(
+            vllm_importance_sampling_mode=f"{level}_{mode}",
+            vllm_importance_sampling_clip_min=low,
+            vllm_importance_sampling_clip_max=high,
+        )
+        old = logp.detach()
+        namespace = self._located["is_ratio"].run(
+            self=trainer,
+            old_per_token_logps=old,
+            sampling_per_token_logps=rollout_logp.detach(),
+            mask=mask.to(old.dtype),
+        )
+        steps = (
+            ("is_truncate",)
+            if mode == "truncate"
+            else ("is_mask_min", "is_mask_max", "is_mask_outside", "is_mask_fill")
+        )
+        for step in steps:
+            namespace = self._located[step].run(
+                **{k: v for k, v in namespace.items() if not k.startswith("__")}
+            )
+        ratio: Tensor = namespace["vllm_importance_sampling_ratio"]
+        return ratio.expand_as(old)
 
 
 def make_adapter() -> TrlFamilyAdapter:

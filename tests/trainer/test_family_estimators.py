@@ -328,3 +328,22 @@ def test_a_skipped_sample_enters_no_group(out_dir: Path) -> None:
     expected = group_advantages(returns[[0, 2, 3]], torch.zeros(3, dtype=torch.long))
     kept = torch.stack([rollout.advantages[i][rollout.mask[i]][0] for i in (0, 2, 3)])
     torch.testing.assert_close(kept, expected)
+
+
+@pytest.mark.slow  # three tiny runs
+def test_a_critic_free_run_resumes_like_an_uninterrupted_one(tmp_path: Path) -> None:
+    """Two iterations, then a resume to three, give the parameters of three in one go (the
+    checkpoint holds no critic, and a run with a critic refuses it)."""
+    settings: dict[str, Any] = {"advantage_estimator": "grpo", "group_size": 4}
+    PPOTrainer(tiny_config(tmp_path / "a", **settings), tiny_setup()).train()
+    assert not (tmp_path / "a" / "checkpoints" / "iter-000002" / "critic.safetensors").exists()
+    resumed = PPOTrainer(
+        tiny_config(tmp_path / "a", iterations=3, **settings), tiny_setup(), resume=tmp_path / "a"
+    )
+    resumed.train()
+    straight = PPOTrainer(tiny_config(tmp_path / "b", iterations=3, **settings), tiny_setup())
+    straight.train()
+    for mine, theirs in zip(resumed.policy.parameters(), straight.policy.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+    with pytest.raises(ValueError, match="advantage_estimator"):
+        PPOTrainer(tiny_config(tmp_path / "a", iterations=4), tiny_setup(), resume=tmp_path / "a")

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ppo_ref.adapters import convention_problems
 from ppo_ref.adapters.base import OP_NAMES
-from ppo_ref.adapters.thirdparty import openrlhf_family, skyrl_family, verl_family
+from ppo_ref.adapters.thirdparty import openrlhf_family, skyrl_family, trl_family, verl_family
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY = {"verl": verl_family, "openrlhf": openrlhf_family, "skyrl": skyrl_family}
@@ -221,7 +221,7 @@ def test_openrlhf_rollout_correction_reads_the_weights_as_the_gradient() -> None
         def __init__(self, **kwargs: Any) -> None:
             built.append(kwargs)
 
-        def __call__(self, logp: Tensor, old: Tensor, adv: Tensor, **kwargs: Any) -> tuple[Tensor, ...]:
+        def __call__(self, logp: Tensor, old: Tensor, adv: Tensor, **kwargs: Any) -> tuple[Any, ...]:
             loss = (weights * -adv * kwargs["action_mask"]).sum() / kwargs["batch_num_tokens"]
             return loss, loss, loss, None, None
 
@@ -259,6 +259,38 @@ def test_skyrl_rollout_correction_undoes_the_token_mean() -> None:
         ops.rollout_correction(torch.zeros(2, 3), torch.zeros(2, 3), mask, high=4.0, low=0.5)
 
 
+def test_trl116_conventions_are_valid_and_each_has_a_source() -> None:
+    assert convention_problems(trl_family.CONVENTIONS) == []
+    assert set(trl_family.CONVENTION_SOURCES) == set(trl_family.CONVENTIONS)
+    assert all(".py" in source for source in trl_family.CONVENTION_SOURCES.values())
+    assert set(trl_family.NOT_PROVIDED) <= set(OP_NAMES)
+
+
+def test_trl116_groups_become_rows_of_num_generations_filled_with_nan() -> None:
+    """Each group is one row of width num_generations = the largest group, the missing members NaN
+    (TRL's unscorable completions), one run for the whole batch, results read back per sample."""
+    seen: list[tuple[Tensor, int, str]] = []
+
+    class Block:
+        def run(block, /, **bindings: Any) -> dict[str, Any]:  # self is one of the bindings
+            if "rewards" in bindings:
+                seen.append(
+                    (bindings["rewards"].clone(), bindings["num_generations"], bindings["self"].scale_rewards)
+                )
+                return {"advantages": torch.nan_to_num(bindings["rewards"], nan=-1.0) * 10}
+            return {"advantages": bindings["advantages"]}
+
+    adapter = trl_family.TrlFamilyAdapter.__new__(trl_family.TrlFamilyAdapter)
+    adapter._located = {"grpo_advantages": Block(), "grpo_unscorable": Block()}  # type: ignore[dict-item]
+    scores = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
+    out = adapter.group_advantages(scores, torch.tensor([7, 3, 7, 7, 3]), "dr_grpo")
+    ((rewards, width, scale),) = seen
+    assert width == 3 and scale == "none"
+    assert torch.equal(rewards.isnan(), torch.tensor([False, False, True, False, False, False]))
+    assert rewards[~rewards.isnan()].tolist() == [2.0, 5.0, 1.0, 3.0, 4.0]  # group 3's row, then group 7's
+    assert out.tolist() == [10.0, 20.0, 30.0, 40.0, 50.0]
+
+
 def test_skyrl_losses_refuse_whole_batch_counts() -> None:
     """skyrl-train 0.3.1 reduces each micro-batch on its own: the counts are a ValueError naming them."""
     ops = skyrl_family.SkyRLFamilyOps()
@@ -274,6 +306,7 @@ PASSING = {
     "openrlhf": "test_group_advantages_match_the_reference or test_rloo_is_n_over_n_minus_one or "
     "test_aggregate_loss_matches_the_reference or test_micro_batches_with_whole_batch_counts",
     "skyrl": "test_group_advantages_match_the_reference and grpo or test_cispo_weight_lies_in",
+    "trl116": "test_group_advantages_match_the_reference or test_weights_match_the_reference",
 }
 """Per library, family tests that pass (2026-12-01, Hypothesis seed 0; docs/findings-family.md lists
 the failures)."""

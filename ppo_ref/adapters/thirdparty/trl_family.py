@@ -25,8 +25,17 @@ fails loudly instead of running), with the variables the trainer binds there:
   adapter returns that broadcast. TRL leaves ratio 1 (token level) or the row's ratio (sequence
   level) on masked-out tokens, which its masked loss never reads: declared ``off_mask_outputs``.
 
-The loss types of ``_compute_loss`` and its KL term are not provided yet (``NOT_PROVIDED``; the
-trainer-step tier runs them through ``GRPOTrainer.train``, ``trl_step.py``).
+- ``aggregate_loss`` runs the ``loss_type`` normalisation lines of ``GRPOTrainer._compute_loss`` on
+  ``per_token_loss`` and ``mask``: ``token-mean`` is ``dapo`` (the default loss type; its
+  ``num_items_in_batch`` is ``token_count``, or this call's action-token count as the trainer counts
+  a one-process, one-step batch), ``seq-mean-token-mean`` is ``grpo``, ``seq-mean-token-sum`` is
+  ``luspo``, ``seq-mean-token-sum-norm`` is ``dr_grpo`` with ``max_completion_length =
+  norm_constant``; one process, ``gradient_accumulation_steps = steps_per_generation = 1``. TRL
+  divides the other modes by the local row count, so ``row_count`` is not provided (declared
+  ``policy_loss_options`` without ``counts``).
+
+The loss types' per-token terms in ``_compute_loss`` and its KL term are not provided yet
+(``NOT_PROVIDED``; the trainer-step tier runs them through ``GRPOTrainer.train``, ``trl_step.py``).
 """
 
 from __future__ import annotations
@@ -42,7 +51,15 @@ from torch import Tensor
 from ppo_ref.adapters.thirdparty._common import import_library
 from ppo_ref.adapters.thirdparty._inline import InlineBlock, LocatedBlock, locate
 
-__all__ = ["BLOCKS", "CONVENTIONS", "CONVENTION_SOURCES", "NOT_PROVIDED", "TrlFamilyAdapter", "make_adapter"]
+__all__ = [
+    "BLOCKS",
+    "CONVENTIONS",
+    "CONVENTION_SOURCES",
+    "LOSS_TYPES",
+    "NOT_PROVIDED",
+    "TrlFamilyAdapter",
+    "make_adapter",
+]
 
 LIBRARY = "trl116"
 GRPO = "GRPOTrainer._generate_and_score_completions"
@@ -94,6 +111,13 @@ BLOCKS: Mapping[str, InlineBlock] = MappingProxyType(
             ")",
             "7e8f5b7e8fe550d1",
         ),
+        "loss_normalisation": InlineBlock(
+            "trl.trainer.grpo_trainer",
+            "GRPOTrainer._compute_loss",
+            'mode = "train" if self.model.training else "eval"',
+            'raise ValueError(f"Unknown loss type: {self.loss_type}")',
+            "2c03beb67a8cf236",
+        ),
         "rloo_advantages": InlineBlock(
             "trl.trainer.rloo_trainer",
             RLOO,
@@ -105,10 +129,22 @@ BLOCKS: Mapping[str, InlineBlock] = MappingProxyType(
 )
 """The installed lines each op runs (first line, last line, digest)."""
 
+LOSS_TYPES: Mapping[str, str] = MappingProxyType(
+    {
+        "token-mean": "dapo",
+        "seq-mean-token-mean": "grpo",
+        "seq-mean-token-sum": "luspo",
+        "seq-mean-token-sum-norm": "dr_grpo",
+    }
+)
+"""ppo-ref's loss_agg -> GRPOConfig.loss_type whose normalisation is that mode."""
+
 CONVENTIONS: Mapping[str, object] = MappingProxyType(
     {
         "group_std_eps": 1e-4,
         "correction_levels": ["token", "sequence"],
+        "policy_loss_options": [],
+        "masked_fill": "finite",
         "off_mask_outputs": ["rollout_correction"],
     }
 )
@@ -118,6 +154,12 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
     {
         "group_std_eps": "trl/trainer/grpo_trainer.py GRPOTrainer._generate_and_score_completions: "
         "`advantages = advantages / (std_rewards + 1e-4)` (scale_rewards 'group' or 'batch')",
+        "policy_loss_options": "trl/trainer/grpo_trainer.py GRPOTrainer._compute_loss: grpo, luspo and "
+        "dr_grpo divide by the micro-batch's own row count (then by the accumulation steps), dapo by "
+        "num_items_in_batch: no whole-batch row count, so 'counts' is not provided (no policy_loss op)",
+        "masked_fill": "trl/trainer/grpo_trainer.py GRPOTrainer._compute_loss: per_token_loss comes from "
+        "the log-probs of a forward pass over the padded completions (finite at pad tokens) before the "
+        "mask is applied",
         "correction_levels": "trl/trainer/grpo_trainer.py: vllm_importance_sampling_mode token_* or "
         "sequence_* (the product ratio exp(sum of log-ratios)); no geometric mean",
         "off_mask_outputs": "trl/trainer/grpo_trainer.py: `per_token_logps_diff = (old_per_token_logps - "
@@ -138,7 +180,6 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
         "policy_loss": "GRPOTrainer._compute_loss is not wired yet (issue 14)",
         "value_loss": "TRL 1.16 has no value loss",
         "ppo_penalty_loss": "TRL 1.16 has no PPO-Penalty loss",
-        "aggregate_loss": "the loss_type normalisations of GRPOTrainer._compute_loss are not wired yet",
         "gspo_loss": "importance_sampling_level='sequence' of _compute_loss is not wired yet",
         "cispo_loss": "loss_type='cispo' of _compute_loss is not wired yet",
         "kl_loss": "the beta * k3 term of _compute_loss is not wired yet",
@@ -161,12 +202,14 @@ class TrlFamilyAdapter:
             key: f"{b.block.owner} lines {b.where()} (digest {b.block.digest})"
             for key, b in self._located.items()
         }
-        self.ops: frozenset[str] = frozenset({"group_advantages", "rollout_correction"})
+        self.ops: frozenset[str] = frozenset({"group_advantages", "aggregate_loss", "rollout_correction"})
         self.provenance = "; ".join(
             [
                 f"group_advantages: grpo, dr_grpo {where['grpo_advantages']} then "
                 f"{where['grpo_unscorable']}; "
                 f"rloo {where['rloo_advantages']}; groups laid out as (prompts, num_generations), NaN-filled",
+                f"aggregate_loss: {where['loss_normalisation']} with loss_type dapo (token-mean), grpo "
+                "(seq-mean-token-mean), luspo (seq-mean-token-sum), dr_grpo (seq-mean-token-sum-norm)",
                 f"rollout_correction: {where['is_ratio']}, then {where['is_truncate']} or "
                 f"{where['is_mask_min']}, {where['is_mask_max']}, {where['is_mask_outside']}, "
                 f"{where['is_mask_fill']}, with vllm_importance_sampling_mode = "
@@ -219,6 +262,40 @@ class TrlFamilyAdapter:
             namespace = self._located["grpo_unscorable"].run(advantages=namespace["advantages"])
         advantages: Tensor = namespace["advantages"]
         return advantages[slots]
+
+    def aggregate_loss(
+        self,
+        per_token: Tensor,
+        mask: Tensor,
+        loss_agg: str = "token-mean",
+        *,
+        norm_constant: float | None = None,
+        token_count: int | Tensor | None = None,
+        row_count: int | Tensor | None = None,
+    ) -> Tensor:
+        if loss_agg not in LOSS_TYPES:
+            raise ValueError(f"loss_agg: expected one of {list(LOSS_TYPES)}, got {loss_agg!r}")
+        if row_count is not None or (token_count is not None and loss_agg != "token-mean"):
+            raise ValueError("row_count: TRL divides by the micro-batch's own rows (declared: no counts)")
+        if (norm_constant is None) != (loss_agg != "seq-mean-token-sum-norm"):
+            raise ValueError(
+                f"norm_constant: given exactly for seq-mean-token-sum-norm, got {norm_constant!r}"
+            )
+        keep = mask.to(per_token.dtype if per_token.is_floating_point() else torch.float32)
+        items = keep.sum() if token_count is None else torch.as_tensor(token_count, dtype=keep.dtype)
+        trainer = SimpleNamespace(
+            model=SimpleNamespace(training=True),
+            loss_type=LOSS_TYPES[loss_agg],
+            current_gradient_accumulation_steps=1,
+            max_completion_length=norm_constant,
+            accelerator=SimpleNamespace(num_processes=1),
+            args=SimpleNamespace(steps_per_generation=1),
+        )
+        namespace = self._located["loss_normalisation"].run(
+            self=trainer, per_token_loss=per_token, mask=keep, inputs={"num_items_in_batch": items}
+        )
+        loss: Tensor = namespace["loss"]
+        return loss
 
     def rollout_correction(
         self,

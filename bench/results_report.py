@@ -553,8 +553,17 @@ def grpo_section(run: dict[str, Any]) -> list[str]:
             lambda r: f"{r['trl_median']:.3f} ({r['trl_iqr'][0]:.3f}-{r['trl_iqr'][1]:.3f})",
         ),
         (
-            f"**TRL / ppo-ref** (iterations/s ratio; median of per-round ratios; target >= {GRPO_TARGET})",
-            lambda r: f"**{r['ratio']:.2f}x** ({_met(r['ratio'] >= GRPO_TARGET)})",
+            f"**TRL / ppo-ref** (iterations/s; median of per-round ratios; target >= {GRPO_TARGET} in "
+            "every repeat and in CPU seconds)",
+            # Met only if every repeat's median and the CPU-seconds median reach it: one noisy
+            # median over a loaded machine's rounds is not a measurement of the target.
+            lambda r: (
+                f"**{r['ratio']:.2f}x** ("
+                + _met(
+                    min(a for a, _, _ in r["repeat_ratios"]) >= GRPO_TARGET and r["ratio_cpu"] >= GRPO_TARGET
+                )
+                + ")"
+            ),
         ),
         ("per-round ratios", lambda r: ", ".join(f"{x:.2f}" for x in r["per_round"])),
         (

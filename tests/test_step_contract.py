@@ -17,6 +17,7 @@ import ppo_ref.trainer.data as data_module
 import ppo_ref.trainer.generation as generation_module
 import ppo_ref.trainer.update as update_module
 from ppo_ref.adapters.step import (
+    BUILTIN_STEP_RUNNERS,
     StepBatch,
     StepResult,
     StepRunner,
@@ -116,6 +117,7 @@ def test_runner_lookup_and_contract() -> None:
         name = "mine"
         step = object()
 
+    assert set(BUILTIN_STEP_RUNNERS) == {"mine", "trl", "trl116"}  # the adapters' names
     assert step_runner(WithStep()) is runner
     assert isinstance(step_runner(Named()), MineStep)
     assert step_runner(Unknown()) is None

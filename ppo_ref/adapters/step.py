@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "BUILTIN_STEP_RUNNERS",
     "STEP_STATISTICS",
     "StepBatch",
     "StepResult",
@@ -47,7 +48,8 @@ __all__ = [
 
 BUILTIN_STEP_RUNNERS: Mapping[str, str] = {
     "mine": "ppo_ref.adapters.step_mine:make_step",
-    "trl": "ppo_ref.adapters.thirdparty.trl_step:make_step",
+    "trl": "ppo_ref.adapters.thirdparty.trl_step:make_step",  # TRL 1.12: PPOTrainer
+    "trl116": "ppo_ref.adapters.thirdparty.trl_step:make_step",  # TRL 1.16: GRPOTrainer
 }
 """Adapter name -> ``module:factory`` of its step runner (the factory returns None where the
 installed version has none), for adapters that do not carry a ``step`` attribute themselves."""

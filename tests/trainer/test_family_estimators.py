@@ -66,17 +66,7 @@ def local_run(tmp_path: Path) -> list[str]:
     return [*argv, "--no-progress-bar", "--no-tensorboard", "--no-plots"]
 
 
-@pytest.mark.parametrize(
-    "estimator",
-    [
-        "grpo",
-        pytest.param("gae", marks=pytest.mark.slow),
-        pytest.param("dr_grpo", marks=pytest.mark.slow),
-        pytest.param("rloo", marks=pytest.mark.slow),
-        pytest.param("reinforce++", marks=pytest.mark.slow),
-        pytest.param("reinforce++-baseline", marks=pytest.mark.slow),
-    ],
-)
+@pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_each_estimator_trains_from_the_command_line(
     tmp_path: Path, local_run: list[str], estimator: str
 ) -> None:
@@ -330,7 +320,6 @@ def test_a_skipped_sample_enters_no_group(out_dir: Path) -> None:
     torch.testing.assert_close(kept, expected)
 
 
-@pytest.mark.slow  # three tiny runs
 def test_a_critic_free_run_resumes_like_an_uninterrupted_one(tmp_path: Path) -> None:
     """Two iterations, then a resume to three, give the parameters of three in one go (the
     checkpoint holds no critic, and a run with a critic refuses it)."""

@@ -18,6 +18,10 @@ three lists, checked by the line's text, so that a new README line cannot slip t
   - ``--advantage-estimator grpo|rloo --group-size 8``:
     ``test_family_learning.py::test_a_critic_free_estimator_learns_positive_review`` (20 iterations
     at the defaults)
+  - ``--group-size 4`` (PPO with GAE): this file's runs of the plain ``ppo-ref train`` line and of
+    the ``--group-size 8`` lines; with GAE the group size only lays out the batch (each prompt
+    sampled that many times), the same sampling code the group estimators run (the reduction chosen
+    for time: each run costs about 31 CPU-seconds, and this line runs no function the others do not)
   - ``.venv/bin/ppo-ref train --task smollm2-sentiment``: ``tests/reliability/test_smollm2_smoke.py``
     (one iteration at a small size; at the preset's size it writes a 3.6 GB checkpoint)
 
@@ -31,9 +35,9 @@ three lists, checked by the line's text, so that a new README line cannot slip t
 The fast test (``test_every_readme_train_line_parses``, no marker) parses every line through the
 command's own ``resolve_config``, so a wrong flag in the README fails in ``./dev test``.
 
-Cost (2 cores): one line runs in about 29 CPU-seconds (task build with its warm-up, two evaluations
-of 256 responses, one iteration, plots); lines whose code path an existing test already runs at the
-defaults are listed in ``COVERED`` instead of run again.
+Cost: one line runs in about 31 CPU-seconds (task build with its warm-up, two evaluations of 256
+responses, one iteration, checkpoint, plots); lines whose code path an existing test already runs at
+the defaults are listed in ``COVERED`` instead of run again.
 """
 
 from __future__ import annotations
@@ -95,6 +99,10 @@ COVERED: dict[str, tuple[str, frozenset[str]]] = {
         "tests/trainer/test_family_learning.py::test_a_critic_free_estimator_learns_positive_review",
         frozenset({"advantage_estimator", "group_size"}),
     ),
+    "ppo-ref train --group-size 4": (
+        "tests/trainer/test_readme_trainer_commands.py::test_readme_train_line_runs",
+        frozenset({"group_size"}),
+    ),
     ".venv/bin/ppo-ref train --task smollm2-sentiment --out runs/smollm2": (
         "tests/reliability/test_smollm2_smoke.py::test_one_ppo_iteration_of_smollm2_on_the_cpu",
         frozenset({"task", "out"}),
@@ -120,6 +128,11 @@ LINES = readme_train_lines()
 RUN = [line for line in LINES if line not in USER_FILES and line not in COVERED]
 
 
+def short(line: str) -> str:
+    """A test id: the line's arguments (``defaults`` for none)."""
+    return line.split(" train", 1)[1].strip() or "defaults"
+
+
 def resolve(words: list[str]) -> tuple[TrainerConfig, set[str]]:
     """The config and user-set fields of ``ppo-ref train ...`` (``words`` without the command), as the
     command resolves them before any work."""
@@ -139,7 +152,7 @@ def test_the_readme_lines_are_found_and_every_one_is_listed_or_run() -> None:
     assert len(RUN) >= 8, RUN  # the estimator and loss examples
 
 
-@pytest.mark.parametrize("line", sorted(COVERED))
+@pytest.mark.parametrize("line", sorted(COVERED), ids=short)
 def test_a_covered_line_names_an_existing_test_that_sets_the_same_fields(line: str) -> None:
     test, allowed = COVERED[line]
     path, name = test.split("::")
@@ -148,11 +161,13 @@ def test_a_covered_line_names_an_existing_test_that_sets_the_same_fields(line: s
     words = shlex.split(line)[2:]
     if words == ["--help"]:
         return
+    if path.endswith("test_readme_trainer_commands.py"):  # the defaults line and a grouped one run here
+        assert "ppo-ref train" in RUN and any("--group-size" in run.split() for run in RUN), RUN
     _, user = resolve(words)
     assert user <= allowed, f"{line} sets {sorted(user - allowed)}, which {test} does not"
 
 
-@pytest.mark.parametrize("line", LINES)
+@pytest.mark.parametrize("line", LINES, ids=short)
 def test_every_readme_train_line_parses(
     line: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -186,7 +201,7 @@ def _finite_record(record: dict[str, object], critic_free: bool) -> None:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("line", RUN)
+@pytest.mark.parametrize("line", RUN, ids=short)
 def test_readme_train_line_runs(line: str, tmp_path: Path) -> None:
     words = [*shlex.split(line)[2:], "--iterations", "1"]
     config, user = resolve(words)

@@ -30,6 +30,8 @@ from torch import Tensor
 
 from . import strategies as cs
 from .support import Context, as_tensor, assert_close, call_impl, examples, grad_of, note_repro, statistic
+from .test_family_correction import _kwargs as correction_kwargs
+from .test_family_correction import declared_bounds
 from .test_invariances import OPS, check_masked_out_entries
 
 ROBUSTNESS_CLAUSES: dict[str, str] = {
@@ -162,19 +164,9 @@ def _family(ctx: Context, op: str, data: st.DataObject) -> tuple[dict[str, Any],
         return _with_norm(kwargs, b.norm_constant), ("logp", "old_logp", "advantages"), "logp"
     levels, modes = sorted(c.correction_levels), sorted(c.correction_modes)
     r = data.draw(cs.correction_batches(levels=levels, modes=modes, junk=False), label="batch")
-    kwargs = {
-        "logp": r.logp,
-        "rollout_logp": r.rollout_logp,
-        "mask": r.mask,
-        "level": r.level,
-        "mode": r.mode,
-    }
-    kwargs = (
-        {**kwargs, "high": r.high}
-        if r.low is None or r.low > r.high
-        else {**kwargs, "high": r.high, "low": r.low}
-    )
-    return kwargs, ("logp", "rollout_logp"), None
+    # Within the declared correction_bounds (as IS-1..3 draw them), so that a library without an
+    # open lower bound is tested for robustness rather than stopped at its ValueError.
+    return correction_kwargs(declared_bounds(ctx, r)), ("logp", "rollout_logp"), None
 
 
 def _family_outputs(result: Any) -> dict[str, Tensor]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run the conformance suite against ppo-ref and the third-party PPO libraries; publish the matrix.
 
-    python tools/conformance_matrix.py                       # mine + all six libraries, back to back
+    python tools/conformance_matrix.py                       # mine + the six libraries (TRL 1.12 and 1.16)
     python tools/conformance_matrix.py trl torchrl sb3       # only these; the other columns are kept
     python tools/conformance_matrix.py --check mine torchrl  # CI: exit 1 if verdicts differ from the
                                                              # committed docs/conformance-matrix.json
@@ -55,10 +55,13 @@ MATRIX_MD = DOCS / "conformance-matrix.md"
 FINDINGS = DOCS / "findings.md"
 FINDINGS_FILES = (FINDINGS, DOCS / "findings-family.md")
 REPORTS = REPO / "build" / "conformance-matrix"
-ALL_NAMES = ("mine", "trl", "verl", "openrlhf", "torchrl", "sb3", "skyrl")
+ALL_NAMES = ("mine", "trl", "trl116", "verl", "openrlhf", "torchrl", "sb3", "skyrl")
+"""ppo-ref, then the libraries: ``trl`` is TRL 1.12 (the last release with PPOTrainer), ``trl116`` TRL 1.16
+(GRPOTrainer and RLOOTrainer: the family ops and the step tier)."""
 DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
     "mine": ("ppo-ref", "torch"),
     "trl": ("trl", "transformers", "torch"),
+    "trl116": ("trl", "transformers", "torch"),
     "verl": ("verl", "tensordict", "torch"),
     "openrlhf": ("openrlhf", "deepspeed", "torch"),
     "torchrl": ("torchrl", "tensordict", "torch"),

@@ -160,6 +160,7 @@ class TrlAdapter:
                 "masked_fill": "zero",
                 "prefix_masks": "all",
                 "value_after_last_action_token": "trained",
+                "off_mask_outputs": ("masked_whiten",),
             }
         )
         self.convention_sources: Mapping[str, str] = MappingProxyType(self._convention_sources())
@@ -207,6 +208,12 @@ class TrlAdapter:
             "padding_mask_p1), the score goes there, GAE runs through it and the value loss is "
             f"masked_mean(..., ~padding_mask_p1): {self._where('padding_masks')}, "
             f"{self._where('value_loss')}",
+            "off_mask_outputs": "PPOTrainer.train zeroes the padding right after each whitening, so only the "
+            "action tokens of masked_whiten's output are read: advantages = masked_whiten(advantages, "
+            "~padding_mask) then advantages = torch.masked_fill(advantages, padding_mask, 0) "
+            "(trl/experimental/ppo/ppo_trainer.py:797-798 in TRL 1.12.0), and with whiten_rewards "
+            "rewards = masked_whiten(rewards, mask=~padding_mask_p1, shift_mean=False) then "
+            f"masked_fill(rewards, padding_mask_p1, 0) (:783-784): {self._where('advantages_fill')}",
         }
 
     def _provenance(self) -> str:

@@ -352,3 +352,27 @@ def test_every_finding_has_a_reach_evidence_and_its_script() -> None:
         if finding.reach in ("trainer-path", "non-default", "metrics-only"):
             script = finding.reproduction
             assert script.startswith("findings/repro/") and (REPO / script).is_file(), finding.id
+
+
+def test_the_matrix_and_ci_cover_every_built_in_adapter() -> None:
+    """Every built-in adapter (TRL 1.12 as ``trl`` and TRL 1.16 as ``trl116`` included) is a column of
+    the tool with the distributions it shows, a column of the committed matrix, an implementation
+    some finding may name, and one of the names .ci/run's matrix check runs."""
+    from ppo_ref.adapters.registry import BUILTIN_ADAPTERS
+
+    tool = _tool()
+    assert set(tool.ALL_NAMES) == set(BUILTIN_ADAPTERS)
+    assert set(tool.DISTRIBUTIONS) == set(tool.ALL_NAMES)
+    committed = json.loads(tool.MATRIX_JSON.read_text(encoding="utf-8"))
+    assert set(committed["implementations"]) == set(tool.ALL_NAMES)
+    check_lines = [
+        line.split()
+        for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+        if "tools/conformance_matrix.py" in line and "--check" in line and not line.lstrip().startswith("#")
+    ]
+    assert len(check_lines) == 1
+    assert set(tool.ALL_NAMES) <= set(check_lines[0])
+    # A finding names matrix columns, or a variant of one outside the matrix (``skyrl-normalize``).
+    named = {i for f in tool.load_findings(list(tool.FINDINGS_FILES)).values() for i in f.implementations}
+    stray = {i for i in named - set(tool.ALL_NAMES) if i.split("-", 1)[0] not in tool.ALL_NAMES}
+    assert not stray, stray

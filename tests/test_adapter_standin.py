@@ -194,7 +194,9 @@ def test_float32_without_compute_dtype_fails(standin: Path) -> None:
     verdicts = _verdicts(report)
     assert code == 1
     failing = {clause for clause, verdict in verdicts.items() if verdict == "fail"}
-    assert {"PG-1", "PG-2"} <= failing, failing  # float32 losses judged at 1e-7
+    # The float32 loss judged at the float64 tolerance: which PG clause's examples show the
+    # float32 rounding first depends on the drawn examples, so any PG clause may be the one.
+    assert any(clause.startswith("PG-") for clause in failing), failing
     assert not any(clause.startswith("GAE") for clause in failing)  # its off-mask outputs still declared
 
 

@@ -15,9 +15,6 @@ three lists, checked by the line's text, so that a new README line cannot slip t
   - ``--task reverse ...`` (both lines): ``test_trainer_tasks.py::test_task_learns[reverse]`` (30
     iterations at the defaults) and the reverse run of ``test_cli_resume_tasks.py`` (the command,
     ``--save-every``, checkpoints)
-  - ``--advantage-estimator grpo|rloo --group-size 8``:
-    ``test_family_learning.py::test_a_critic_free_estimator_learns_positive_review`` (20 iterations
-    at the defaults)
   - ``--group-size 4`` (PPO with GAE): this file's runs of the plain ``ppo-ref train`` line and of
     the ``--group-size 8`` lines; with GAE the group size only lays out the batch (each prompt
     sampled that many times), the same sampling code the group estimators run (the reduction chosen
@@ -90,14 +87,6 @@ COVERED: dict[str, tuple[str, frozenset[str]]] = {
     "ppo-ref train --task reverse --iterations 100 --save-every 10 --out runs/r": (
         "tests/trainer/test_cli_resume_tasks.py::test_resume_on_the_command_line_ends_equal_to_a_straight_run",
         frozenset({"task", "iterations", "save_every", "out"}),
-    ),
-    "ppo-ref train --advantage-estimator grpo --group-size 8": (
-        "tests/trainer/test_family_learning.py::test_a_critic_free_estimator_learns_positive_review",
-        frozenset({"advantage_estimator", "group_size"}),
-    ),
-    "ppo-ref train --advantage-estimator rloo --group-size 8": (
-        "tests/trainer/test_family_learning.py::test_a_critic_free_estimator_learns_positive_review",
-        frozenset({"advantage_estimator", "group_size"}),
     ),
     "ppo-ref train --group-size 4": (
         "tests/trainer/test_readme_trainer_commands.py::test_readme_train_line_runs",

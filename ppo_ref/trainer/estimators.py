@@ -29,6 +29,7 @@ from ppo_ref import cispo_loss, gae, group_advantages, gspo_loss, policy_loss
 from ppo_ref.losses import PolicyLossResult
 from ppo_ref.trainer.config import TrainerConfig
 from ppo_ref.trainer.data import Rollout
+from ppo_ref.variants import CISPOLossResult, GSPOLossResult
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -210,6 +211,21 @@ def _row_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.any(dim=1), advantages.gather(1, first).squeeze(1), 0.0)
 
 
+def _as_policy_loss_result(result: GSPOLossResult | CISPOLossResult) -> PolicyLossResult:
+    """A GSPO or CISPO result as stage 7's :class:`~ppo_ref.PolicyLossResult`: its clipfrac is
+    also the ``ratio_outside_frac`` (each clips one weight, never a dual branch), and
+    ``dual_clip_frac`` is 0."""
+    return PolicyLossResult(
+        loss=result.loss,
+        clipfrac=result.clipfrac,
+        ratio_outside_frac=result.clipfrac,
+        approx_kl=result.approx_kl,
+        ratio_mean=result.ratio_mean,
+        ratio_max=result.ratio_max,
+        dual_clip_frac=torch.zeros_like(result.clipfrac),
+    )
+
+
 def gspo_trainer_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -232,15 +248,7 @@ def gspo_trainer_loss(
         clip_eps_high=config.clip_eps_high,
         row_count=whole.rows,
     )
-    return PolicyLossResult(
-        loss=result.loss,
-        clipfrac=result.clipfrac,
-        ratio_outside_frac=result.clipfrac,
-        approx_kl=result.approx_kl,
-        ratio_mean=result.ratio_mean,
-        ratio_max=result.ratio_max,
-        dual_clip_frac=torch.zeros_like(result.clipfrac),
-    )
+    return _as_policy_loss_result(result)
 
 
 def cispo_trainer_loss(
@@ -267,15 +275,7 @@ def cispo_trainer_loss(
         config.loss_agg,
         **whole.keywords(config.loss_agg, config.loss_norm_constant),
     )
-    return PolicyLossResult(
-        loss=result.loss,
-        clipfrac=result.clipfrac,
-        ratio_outside_frac=result.clipfrac,
-        approx_kl=result.approx_kl,
-        ratio_mean=result.ratio_mean,
-        ratio_max=result.ratio_max,
-        dual_clip_frac=torch.zeros_like(result.clipfrac),
-    )
+    return _as_policy_loss_result(result)
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {

@@ -322,7 +322,15 @@ def precision_case(ctx: Context, case: Case) -> Case:
     """The hand case with the float32 tolerance when the adapter declares its op computed in
     float32 and the case is float64: ``atol = max(case atol, 1e-5 + 1e-5 * m)``, m the largest
     finite magnitude among the case's expected values (:data:`FLOAT32_COMPUTE_TOLERANCE` as an
-    absolute bound, because the case runner compares with an absolute tolerance)."""
+    absolute bound, because the case runner compares with an absolute tolerance). A group_advantages
+    case under a declared ``constant_groups='rounding'`` gets at least ``4 n eps max|r|`` (n the
+    number of scores), the rounding a constant group may keep."""
+    if case.op == "group_advantages" and ctx.conventions.constant_groups == "rounding":
+        # declared: a constant group is 0 up to the rounding of its mean (constant_group_bound)
+        scores = [abs(v) for v in _flat(case.inputs.get("scores", [])) if math.isfinite(v)]
+        eps = torch.finfo(torch.float32 if case.dtype == "float32" else torch.float64).eps
+        bound = 4.0 * len(scores) * eps * max(scores, default=0.0)
+        case = dataclasses.replace(case, atol=max(case.atol, bound))
     if case.op not in ctx.conventions.float32_ops or case.dtype != "float64":
         return case
     magnitudes = [abs(v) for v in _flat(list(case.expected.values())) if math.isfinite(v)]

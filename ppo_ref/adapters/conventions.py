@@ -47,6 +47,7 @@ from ppo_ref.masked import EPS_PLACEMENTS, WHITEN_EPS
 
 __all__ = [
     "CISPO_BOUNDS",
+    "CONSTANT_GROUPS",
     "CONVENTIONS",
     "CONVENTION_ALIASES",
     "CORRECTION_BOUNDS",
@@ -67,10 +68,12 @@ __all__ = [
     "ConventionSet",
     "ReferenceVariant",
     "VariantPolicyLoss",
+    "constant_group_bound",
     "convention_problems",
     "float32_ops",
     "parse_conventions",
     "singleton_rows",
+    "singleton_rule",
     "with_value_slot",
 ]
 
@@ -88,6 +91,7 @@ POLICY_LOSS_OPTIONS: tuple[str, ...] = ("clip_eps_high", "dual_clip", "counts")
 GROUP_METHODS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
 GROUP_STD_SCOPES: tuple[str, ...] = ("group", "batch", "none")
 GROUP_SINGLETONS: tuple[str, ...] = ("zero", "raw-score", "unguarded")
+CONSTANT_GROUPS: tuple[str, ...] = ("exact", "rounding")
 CISPO_BOUNDS: tuple[str, ...] = ("offsets", "absolute-cap")
 KL_LOSS_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "k3+")
 CORRECTION_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-geometric")
@@ -208,6 +212,46 @@ def _prefix_masks(value: object) -> object:
 def _prefix_mask_clauses(value: object) -> tuple[str, ...]:
     ops = value if isinstance(value, Iterable) and not isinstance(value, str) else ()
     return tuple(dict.fromkeys(c for op in _OP_NAMES if op in ops for c in _PREFIX_MASK_CLAUSES.get(op, ())))
+
+
+def _group_singleton(value: object) -> object:
+    choice = _choice(*GROUP_SINGLETONS)
+    if not isinstance(value, Mapping):
+        return choice(value)
+    unknown = [m for m in value if m not in GROUP_METHODS]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; expected keys from {list(GROUP_METHODS)}")
+    rules = {str(m): str(choice(r)) for m, r in sorted(value.items())}
+    if set(rules.values()) <= {"zero"}:
+        return "zero"
+    return MappingProxyType(rules)
+
+
+def singleton_rule(group_singleton: object, method: str) -> str:
+    """The declared ``group_singleton`` rule for ``method``'s groups of one: the value itself, or for
+    a per-method mapping the method's entry (``'zero'``, the reference, for a method it leaves out).
+
+    >>> singleton_rule(MappingProxyType({"grpo": "raw-score"}), "rloo"), singleton_rule("unguarded", "rloo")
+    ('zero', 'unguarded')
+    """
+    if isinstance(group_singleton, Mapping):
+        return str(group_singleton.get(method, "zero"))
+    return str(group_singleton)
+
+
+def constant_group_bound(scores: Tensor, group_size: int) -> float:
+    """The largest |advantage| a constant group of ``group_size`` ``scores`` may get under
+    ``constant_groups='rounding'``: ``4 * n * eps * max|r|`` (eps the machine epsilon of the scores'
+    dtype), the rounding of the group's float mean or leave-one-out sum.
+
+    >>> constant_group_bound(torch.tensor([0.1, 0.1, 0.1], dtype=torch.float64), 3) > 1.39e-17
+    True
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size: expected >= 1, got {group_size}")
+    dtype = scores.dtype if scores.dtype.is_floating_point else torch.float64
+    largest = float(scores.detach().abs().max()) if scores.numel() else 0.0
+    return 4.0 * group_size * torch.finfo(dtype).eps * largest
 
 
 OP_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
@@ -528,15 +572,29 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
             Convention(
                 "group_singleton",
                 "zero",
-                "'zero', 'raw-score' or 'unguarded'",
+                "'zero', 'raw-score' or 'unguarded', or a mapping method -> one of them (a method it "
+                "leaves out: 'zero')",
                 "a group of one sample: A = 0 (zero); its mean taken as 0 and its std as 1, so "
                 "A = r (grpo: r / (1 + eps); raw-score); no guard, A = NaN from 0/0 where the formula "
                 "divides by n - 1 (grpo's group std, rloo's leave-one-out mean; dr_grpo and a std_scope "
                 "other than 'group' give r - r = 0: unguarded)",
-                "raw-score: verl compute_grpo_outcome_advantage and compute_rloo_outcome_advantage, "
-                "skyrl-train grpo; unguarded: OpenRLHF rloo and group_norm (divide by n - 1 = 0)",
-                _choice(*GROUP_SINGLETONS),
+                "raw-score: verl compute_grpo_outcome_advantage and compute_rloo_outcome_advantage; "
+                "{grpo, dr_grpo: raw-score, rloo: zero}: skyrl-train (compute_rloo_outcome_advantage "
+                "gives a lone sample 0); unguarded: OpenRLHF rloo and group_norm (divide by n - 1 = 0)",
+                _group_singleton,
                 _static("GRP-3"),
+            ),
+            Convention(
+                "constant_groups",
+                "exact",
+                "'exact' or 'rounding'",
+                "a group whose scores are all equal: advantages exactly 0 (exact), or 0 up to the "
+                "rounding of the group's float mean or leave-one-out sum, |A| <= 4 n eps max|r| with "
+                "eps the machine epsilon of the scores' dtype and n the group's size (rounding)",
+                "rounding: verl, OpenRLHF, skyrl-train and TRL 1.16 (r - mean, or r - (sum - r) / "
+                "(n - 1), with no special case: three scores of 0.1 give -1.39e-17)",
+                _choice(*CONSTANT_GROUPS),
+                _static("GRP-3", "GRP-4"),
             ),
             Convention(
                 "cispo_bounds",
@@ -735,7 +793,8 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 "the suite draws hole-free masks for them and skips the hole checks",
                 "all: TRL 1.12 PPOTrainer (masks from sequence_lengths); gae: torchrl "
                 "generalized_advantage_estimate and stable-baselines3 RolloutBuffer (no mask argument: "
-                "done/episode flags only), OpenRLHF get_advantages_and_returns",
+                "done/episode flags only); not OpenRLHF, whose multi-turn agent makes holes its "
+                "get_advantages_and_returns runs through (docs/findings.md openrlhf-2)",
                 _prefix_masks,
                 _prefix_mask_clauses,
             ),
@@ -810,7 +869,8 @@ class ConventionSet:
     group_methods: frozenset[str] = _reference("group_methods")
     group_std_scopes: frozenset[str] = _reference("group_std_scopes")
     group_std_eps: float | None = _reference("group_std_eps")
-    group_singleton: str = _reference("group_singleton")
+    group_singleton: str | Mapping[str, str] = _reference("group_singleton")
+    constant_groups: str = _reference("constant_groups")
     cispo_bounds: str = _reference("cispo_bounds")
     kl_loss_estimators: frozenset[str] = _reference("kl_loss_estimators")
     correction_levels: frozenset[str] = _reference("correction_levels")
@@ -1170,18 +1230,20 @@ class ReferenceVariant:
         singleton: str = "zero",
     ) -> Tensor:
         """GRP-1..4 with ``group_std_eps`` (a fixed epsilon replaces ``eps``) and ``group_singleton``
-        (a group of one: its mean read as 0 and its std as 1, or NaN from 0/0 where the formula
-        divides by n - 1)."""
+        (per method: a group of one has its mean read as 0 and its std as 1, or NaN from 0/0 where
+        the formula divides by n - 1). ``constant_groups`` changes no value (a constant group still
+        gets exactly 0 here); it widens the suite's check of such groups to the rounding bound."""
         c = self.conventions
         epsilon = eps if c.group_std_eps is None else c.group_std_eps
         advantages = ppo_ref.group_advantages(
             scores, group_ids, method, std_scope=std_scope, eps=epsilon, singleton=singleton
         )
-        if c.group_singleton == "zero" or singleton != "zero":
+        rule = singleton_rule(c.group_singleton, method)
+        if rule == "zero" or singleton != "zero":
             return advantages
         alone = singleton_rows(group_ids)
         raw = scores.to(advantages.dtype)
-        if c.group_singleton == "unguarded":
+        if rule == "unguarded":
             if method != "rloo" and (method, std_scope) != ("grpo", "group"):
                 return advantages  # no division by n - 1 there: r - mean of one is 0
             value = torch.full_like(raw, math.nan)

@@ -73,6 +73,7 @@ FAMILY_CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "group_std_scopes": ["group", "none"],
         "group_std_eps": 1e-9,
         "group_singleton": "unguarded",
+        "constant_groups": "rounding",
         "kl_loss_estimators": ["k1", "k2", "k3", "k3+"],
         "correction_levels": ["token"],
         "correction_modes": ["truncate", "mask"],
@@ -93,6 +94,10 @@ FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "group_singleton": "rloo divides by n_samples_per_prompt - 1 and group_norm by a one-sample std "
         "(NaN); train_ppo_ray.py asserts n_samples_per_prompt > 1 for these estimators, so the trainer "
         "never forms a group of one (dr_grpo's lone sample gets r - r = 0)",
+        "constant_groups": "openrlhf/trainer/ppo_utils/experience_maker.py: rloo `baseline = "
+        "(rewards.sum(-1, keepdim=True) - rewards) / (n_samples_per_prompt - 1)`, dr_grpo and group_norm "
+        "rewards - rewards.mean(-1); no special case, so a constant group keeps the sum's rounding (three "
+        "scores of 0.1: -1.39e-17)",
         "kl_loss_estimators": "openrlhf/models/utils.py compute_approx_kl: kl_estimator k1, k2, k3; "
         "unbiased_gradient=True keeps the value and takes the gradient of w * k2 (w = 1 on-policy): k3+",
         "correction_levels": "openrlhf/models/loss.py PolicyLoss.forward: is_correction_level 'token'; "

@@ -66,7 +66,8 @@ FAMILY_CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "group_methods": ["grpo", "dr_grpo", "rloo"],
         "group_std_scopes": ["group", "none"],
         "group_std_eps": 1e-6,
-        "group_singleton": "raw-score",
+        "group_singleton": {"grpo": "raw-score", "dr_grpo": "raw-score", "rloo": "zero"},
+        "constant_groups": "rounding",
         "cispo_bounds": "offsets",
         "kl_loss_estimators": ["k1", "k2", "k3"],
         "correction_levels": ["token"],
@@ -88,8 +89,10 @@ FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "epsilon=1e-6); the trainer never passes epsilon",
         "group_singleton": "skyrl_train/utils/ppo_utils.py compute_grpo_outcome_advantage: a group of one "
         "gets mean 0 and std 1, so A = r / (1 + eps) (and r with grpo_norm_by_std=False); "
-        "compute_rloo_outcome_advantage gives 0 (the key is one value per library: rloo's singletons "
-        "disagree, docs/findings-family.md)",
+        "compute_rloo_outcome_advantage gives 0 (declared per method)",
+        "constant_groups": "skyrl_train/utils/ppo_utils.py compute_grpo_outcome_advantage: scores - "
+        "torch.mean(group); compute_rloo_outcome_advantage: (scores - mean) * n / (n - 1); no special "
+        "case, so a constant group keeps the mean's rounding (three scores of 0.1: -1.39e-17)",
         "cispo_bounds": "skyrl_train/utils/ppo_utils.py compute_policy_loss_cispo: clamp(ratio, 1 - "
         "cispo_eps_clip_low, 1 + cispo_eps_clip_high); 0.3.1's config defaults 0 and 5 give [1, 6] "
         "(docs/findings-family.md)",

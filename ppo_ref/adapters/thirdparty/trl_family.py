@@ -142,6 +142,7 @@ LOSS_TYPES: Mapping[str, str] = MappingProxyType(
 CONVENTIONS: Mapping[str, object] = MappingProxyType(
     {
         "group_std_eps": 1e-4,
+        "constant_groups": "rounding",
         "correction_levels": ["token", "sequence"],
         "policy_loss_options": [],
         "masked_fill": "finite",
@@ -154,6 +155,9 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
     {
         "group_std_eps": "trl/trainer/grpo_trainer.py GRPOTrainer._generate_and_score_completions: "
         "`advantages = advantages / (std_rewards + 1e-4)` (scale_rewards 'group' or 'batch')",
+        "constant_groups": "trl/trainer/grpo_trainer.py GRPOTrainer: `advantages = rewards - "
+        "mean_grouped_rewards`; trl/trainer/rloo_trainer.py RLOOTrainer: the leave-one-out baseline from "
+        "the group's sum; no special case, so a constant group keeps the rounding of the mean or sum",
         "policy_loss_options": "trl/trainer/grpo_trainer.py GRPOTrainer._compute_loss: grpo, luspo and "
         "dr_grpo divide by the micro-batch's own row count (then by the accumulation steps), dapo by "
         "num_items_in_batch: no whole-batch row count, so 'counts' is not provided (no policy_loss op)",

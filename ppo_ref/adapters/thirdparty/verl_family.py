@@ -58,6 +58,7 @@ FAMILY_CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "group_std_scopes": ["group", "none"],
         "group_std_eps": 1e-6,
         "group_singleton": "raw-score",
+        "constant_groups": "rounding",
         "cispo_bounds": "offsets",
         "kl_loss_estimators": ["k1", "k2", "k3", "k3+"],
         "correction_levels": ["token", "sequence"],
@@ -79,6 +80,9 @@ FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "group_singleton": "verl/trainer/ppo/core_algos.py compute_grpo_outcome_advantage: a group of one "
         "gets id2mean 0 and id2std 1, so A = r / (1 + eps); compute_rloo_outcome_advantage leaves A = r "
         "(rloo_vectorized gives 0)",
+        "constant_groups": "verl/trainer/ppo/core_algos.py compute_grpo_outcome_advantage and "
+        "compute_rloo_outcome_advantage: scores - torch.mean of the group's scores, no special case, so a "
+        "constant group keeps the mean's rounding (three scores of 0.1: -1.39e-17)",
         "cispo_bounds": "verl/trainer/ppo/core_algos.py compute_policy_loss_cispo: clamp(ratio, 1 - "
         "clip_ratio_low, 1 + clip_ratio_high)",
         "kl_loss_estimators": "verl/trainer/ppo/core_algos.py kl_penalty accepts k1, k2, k3 (low_var_kl), "

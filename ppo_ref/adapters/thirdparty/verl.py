@@ -41,6 +41,7 @@ from ppo_ref.adapters.thirdparty.verl_family import (
     FAMILY_CONVENTION_SOURCES,
     FAMILY_CONVENTIONS,
     VerlFamilyOps,
+    engine_row_count,
 )
 
 __all__ = ["CONVENTIONS", "CONVENTION_SOURCES", "NOT_PROVIDED", "VerlAdapter", "make_adapter"]
@@ -109,7 +110,11 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "batch_num_tokens = the global batch's loss_mask.sum() (and dp_size) for every call; "
         "verl/workers/utils/losses.py:65-68 ppo_loss copies it into config.global_batch_info, which "
         "core_algos.agg_loss divides the token sum by: the adapter passes the batch's token count "
-        "when the suite gives none",
+        "when the suite gives none; verl/trainer/ppo/ray_trainer.py _update_actor / _update_critic set "
+        "global_batch_size = ppo_mini_batch_size * rollout.n (the mini-batch's rows), which the adapter "
+        "passes for seq-mean-token-sum-norm (the spec's B); the seq-mean modes get none, so verl counts "
+        "the rows with an action token, which on verl's batches (every response has a token) is the "
+        "engine's row count",
         "off_mask_outputs": "verl/trainer/ppo/core_algos.py compute_gae_advantage_return stores the "
         "carried lastgaelam at masked positions and takes returns = advantages + values everywhere; "
         "verl/utils/torch_functional.py masked_whiten transforms every entry ((x - mean) * rsqrt(var + "
@@ -254,6 +259,7 @@ class VerlAdapter(VerlFamilyOps):
     ) -> PolicyLossResult:
         loss_fn = self._core.get_policy_loss_fn("vanilla")
         token_count = _engine_token_count(mask, loss_agg, token_count)
+        row_count = engine_row_count(mask, loss_agg, row_count)
         counts = {"norm_constant": norm_constant, "token_count": token_count, "row_count": row_count}
         loss, metrics = loss_fn(
             old_log_prob=old_logp,
@@ -296,7 +302,7 @@ class VerlAdapter(VerlFamilyOps):
             cliprange_value=clip_eps,
             loss_agg_mode=loss_agg,
             batch_num_tokens=_engine_token_count(mask, loss_agg, token_count),
-            global_batch_size=row_count,
+            global_batch_size=engine_row_count(mask, loss_agg, row_count),
             loss_scale_factor=norm_constant,
         )
         result: Tensor = loss

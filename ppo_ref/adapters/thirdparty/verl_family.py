@@ -13,7 +13,9 @@ verl's own callers do:
   ``compute_rloo_outcome_advantage`` (``adv_estimator: rloo``). verl has no batch-std scope.
 - the loss ops pass the whole-batch counts the way ``verl.workers.utils.losses.ppo_loss`` fills
   ``ActorConfig.global_batch_info``: ``token_count`` is ``batch_num_tokens``, ``row_count`` is
-  ``global_batch_size`` and ``norm_constant`` is ``loss_scale_factor`` (``dp_size`` stays 1);
+  ``global_batch_size`` and ``norm_constant`` is ``loss_scale_factor`` (``dp_size`` stays 1); without
+  a ``row_count``, ``seq-mean-token-sum-norm`` gets the batch's rows, as verl's engine passes
+  (:func:`engine_row_count`);
   masks are bool, as ``ppo_loss`` hands them to the policy losses.
 - ``aggregate_loss`` is ``agg_loss``; ``kl_loss`` is ``kl_penalty`` (names k1, k2, k3, k3+ as
   given) then ``agg_loss``, as ``ppo_loss`` does with ``use_kl_loss``.
@@ -48,6 +50,7 @@ __all__ = [
     "FAMILY_CONVENTION_SOURCES",
     "FAMILY_NOT_PROVIDED",
     "VerlFamilyOps",
+    "engine_row_count",
 ]
 
 CORRECTION_MODULE = "verl.trainer.ppo.rollout_corr_helper"
@@ -112,6 +115,19 @@ class SequenceLossResult:
 
 def _bool_mask(mask: Tensor) -> Tensor:
     return mask if mask.dtype == torch.bool else mask != 0
+
+
+def engine_row_count(mask: Tensor, loss_agg: str, row_count: int | Tensor | None) -> int | Tensor | None:
+    """``row_count``, or for ``seq-mean-token-sum-norm`` without one the batch's row count: the
+    ``global_batch_size`` verl's engine passes every loss (``ray_trainer._update_actor`` sets it to
+    ``ppo_mini_batch_size * rollout.n``, the rows of the mini-batch; ``losses.ppo_loss`` copies it into
+    ``global_batch_info``), which is the spec's B (every row) in that mode. The seq-mean modes get
+    none: verl then counts the rows with an action token, the spec's R, which is the engine's row
+    count on verl's own batches (a generated response has at least one token); declared
+    ``call_context='batch-token-count'``."""
+    if row_count is None and loss_agg == "seq-mean-token-sum-norm" and mask.shape[0] > 0:
+        return int(mask.shape[0])
+    return row_count
 
 
 def batch_info(
@@ -237,7 +253,7 @@ class VerlFamilyOps:
             loss_mat=per_token,
             loss_mask=_bool_mask(mask),
             loss_agg_mode=loss_agg,
-            **batch_info(norm_constant, token_count, row_count),
+            **batch_info(norm_constant, token_count, engine_row_count(mask, loss_agg, row_count)),
         )
         return result
 
@@ -287,7 +303,9 @@ class VerlFamilyOps:
             clip_ratio_low=clip_low,
             clip_ratio_high=clip_high,
         )
-        config.global_batch_info.update(batch_info(norm_constant, token_count, row_count))
+        config.global_batch_info.update(
+            batch_info(norm_constant, token_count, engine_row_count(mask, loss_agg, row_count))
+        )
         loss, metrics = self._core.get_policy_loss_fn("cispo")(
             old_log_prob=old_logp,
             log_prob=logp,
@@ -317,7 +335,7 @@ class VerlFamilyOps:
             loss_mat=kld,
             loss_mask=_bool_mask(mask),
             loss_agg_mode=loss_agg,
-            **batch_info(norm_constant, token_count, row_count),
+            **batch_info(norm_constant, token_count, engine_row_count(mask, loss_agg, row_count)),
         )
         return result
 

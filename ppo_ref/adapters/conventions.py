@@ -824,10 +824,12 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 "none",
                 "'none' or 'batch-token-count'",
                 "what the adapter passes the library's loss besides the contract's arguments, as the "
-                "library's engine does: the batch's action-token count for the token mean (the suite's "
-                "batch is the whole batch, so the numbers are the reference's)",
-                "batch-token-count: verl FSDPEngine.forward_backward_batch passes batch_num_tokens "
-                "to agg_loss through config.global_batch_info",
+                "library's engine does: the batch's action-token count for the token mean, and its row "
+                "count for seq-mean-token-sum-norm (the suite's batch is the whole batch, so the numbers "
+                "are the reference's)",
+                "batch-token-count: verl FSDPEngine.forward_backward_batch passes batch_num_tokens, and "
+                "ray_trainer global_batch_size (the mini-batch's rows), to agg_loss through "
+                "config.global_batch_info",
                 _choice(*CALL_CONTEXTS),
                 _static("PG-2", "PG-6", "VF-1"),
             ),

@@ -349,6 +349,39 @@ class TrainerConfig:
         return self.advantage_estimator not in CRITIC_FREE_ESTIMATORS
 
     @property
+    def uses_reference_forward(self) -> bool:
+        """Whether stage 4 runs the frozen reference's forward: only when a KL term can be nonzero
+        (``kl_coef > 0``, or ``adaptive_kl``). With ``kl_coef = 0`` and a fixed coefficient the
+        rollout holds no reference log-probs and no KL (``kl_ref`` and ``kl_loss`` are left out of
+        the iteration's metrics); the evaluations still measure the KL to the reference."""
+        return self.kl_coef > 0 or self.adaptive_kl
+
+    @property
+    def old_logprobs_from_sampler(self) -> bool:
+        """Whether the old log-probs are the sampler's own log-probs of its tokens, with no stage-4
+        forward of the policy (the critic-free on-policy case, as TRL's ``num_iterations = 1``).
+
+        True when the sampler draws from exactly the distribution being trained and nothing else
+        needs the forward: no critic (no values), sampling at ``temperature``
+        (``rollout_temperature`` None), ``top_k = 0`` and ``top_p = 1`` (no truncated sampling
+        distribution), no ``rollout_correction`` (which compares the two on purpose), no bf16
+        (``mixed_precision`` not ``bf16``; the trainer also requires autocast off) and
+        ``num_minibatches = 1``, so that stage 7's step-0 check recomputes the log-probs of every
+        action token with the update's forward and stops the run if any differs from the sampler's
+        by more than the log-prob tolerance: the identity is checked at run time on every
+        iteration, never assumed. The policy has no dropout in either pass (the trainer disables it).
+        """
+        return (
+            not self.uses_critic
+            and self.rollout_temperature is None
+            and self.top_k == 0
+            and self.top_p == 1.0
+            and self.rollout_correction == "none"
+            and self.mixed_precision != "bf16"
+            and self.num_minibatches == 1
+        )
+
+    @property
     def minibatch_size(self) -> int:
         """Rows per minibatch (one optimizer step)."""
         return self.rollout_batch_size // self.num_minibatches

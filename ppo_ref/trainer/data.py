@@ -142,11 +142,14 @@ class Rollout:
             it keeps its tokens but has no action token in :attr:`mask`, so it trains nothing.
         scored: raw scores (NaN where bad), missing-EOS adjustment and final scores (0 where
             skipped), (B,) each.
-        old_logprobs, ref_logprobs, values: stage 4 (rollout policy, reference, critic).
+        old_logprobs, ref_logprobs, values: stage 4 (rollout policy, reference, critic);
+            ``ref_logprobs`` is None when the run has no KL term (``kl_coef = 0``, fixed: no
+            reference forward, :attr:`TrainerConfig.uses_reference_forward`).
         bootstrap_values: (B,) the critic's value after the last response column.
         entropy: per-token entropy of the sampling distribution.
         kl_coef: the KL coefficient used for ``rewards``.
-        kl: per-token KL estimate to the reference on every response token (0 off the response).
+        kl: per-token KL estimate to the reference on every response token (0 off the response),
+            or None without reference log-probs.
         rewards: stage 5 token rewards.
         raw_advantages, returns: stage 6 advantage estimator's output (not whitened).
         advantages: ``raw_advantages`` whitened over all action tokens of the batch.
@@ -165,12 +168,12 @@ class Rollout:
     valid: Tensor
     scored: ScoredBatch
     old_logprobs: Tensor
-    ref_logprobs: Tensor
+    ref_logprobs: Tensor | None
     values: Tensor
     bootstrap_values: Tensor
     entropy: Tensor
     kl_coef: float
-    kl: Tensor
+    kl: Tensor | None
     rewards: Tensor
     raw_advantages: Tensor
     returns: Tensor

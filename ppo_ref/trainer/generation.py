@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
+from ppo_ref import entropy
 from ppo_ref.trainer.data import SequenceBatch, position_ids_from_mask
 from ppo_ref.trainer.models import call_model, output_cache, supports_logits_to_keep
 
@@ -68,12 +69,15 @@ class Generated:
     """Stage 2's result: ``response_ids`` (B, N) with pad after EOS, ``response_mask`` (B, N) bool,
     ``ended`` (B,) True where the response stopped at EOS (False: cut at ``max_new_tokens``);
     ``logprobs`` (B, N) float64, the sampling distribution's log-probability of each sampled token
-    (0 after EOS), only when ``generate(..., return_logprobs=True)``, else None."""
+    (0 after EOS), only when ``generate(..., return_logprobs=True)``, else None; ``entropy`` (B, N)
+    the entropy of ``softmax(logits / temperature)`` before each token (0 after EOS; float32, or
+    float64 for float64 logits), only when ``return_entropy=True``."""
 
     response_ids: Tensor
     response_mask: Tensor
     ended: Tensor
     logprobs: Tensor | None = None
+    entropy: Tensor | None = None
 
 
 def sample_from_logits(
@@ -137,6 +141,7 @@ def generate(
     top_p: float = 1.0,
     all_ended: Callable[[bool], bool] | None = None,
     return_logprobs: bool = False,
+    return_entropy: bool = False,
 ) -> Generated:
     """Sample up to ``uniforms.shape[1]`` tokens per left-padded prompt, stopping each row at its first EOS.
 
@@ -146,7 +151,10 @@ def generate(
     "my rows have ended" into "every process's rows have ended", so all make the same forward
     calls (needed when parameters are sharded). Call it inside the autocast context wanted.
     ``return_logprobs`` also records each sampled token's log-probability under the sampling
-    distribution (:func:`sampling_logprob`), the rollout log-probs of an importance correction.
+    distribution (:func:`sampling_logprob`), the rollout log-probs of an importance correction
+    (or, when the sampler draws from the trained distribution itself, the old log-probs);
+    ``return_entropy`` the entropy of ``softmax(logits / temperature)`` at each step
+    (``ppo_ref.entropy``, before top-k / top-p).
     """
     batch, steps = uniforms.shape
     if steps < 1:
@@ -170,11 +178,15 @@ def generate(
     one = torch.ones(batch, 1, dtype=torch.long, device=prompt_ids.device)
     tokens: list[Tensor] = []
     logprobs: list[Tensor] = []
+    entropies: list[Tensor] = []
     for step in range(steps):
         token = sample_from_logits(output.logits[:, -1], uniforms[:, step], temperature, top_k, top_p)
         if return_logprobs:
             logprob = sampling_logprob(output.logits[:, -1], token, temperature, top_k, top_p)
             logprobs.append(torch.where(finished, torch.zeros_like(logprob), logprob))
+        if return_entropy:
+            spread = entropy(output.logits[:, -1:] / temperature).squeeze(1)
+            entropies.append(torch.where(finished, torch.zeros_like(spread), spread))
         token = torch.where(finished, pad, token)
         tokens.append(token)
         finished = finished | (token == eos_id)
@@ -196,4 +208,7 @@ def generate(
     response_ids = torch.stack(tokens, dim=1)
     response_mask, ended = first_eos_mask(response_ids, eos_id)
     sampled = torch.stack(logprobs, dim=1) if return_logprobs else None
-    return Generated(response_ids=response_ids, response_mask=response_mask, ended=ended, logprobs=sampled)
+    spreads = torch.stack(entropies, dim=1) if return_entropy else None
+    return Generated(
+        response_ids=response_ids, response_mask=response_mask, ended=ended, logprobs=sampled, entropy=spreads
+    )

@@ -310,7 +310,8 @@ def iteration_metrics(
     Score statistics cover the valid samples (a skipped sample has no usable score);
     generation statistics (length, EOS rate, KL to the reference) cover every sample. A run
     without a critic (``critic=False``: a critic-free advantage estimator) has no value loss,
-    explained variance, value mean or critic gradient norm: they are NaN (null in metrics.jsonl).
+    explained variance, value mean or critic gradient norm: they are NaN (null in metrics.jsonl),
+    and so is ``kl_ref`` in a run without a reference forward (``kl_coef = 0``, fixed).
     """
     mask, valid = rollout.mask, rollout.valid.cpu()
     scores = rollout.scored.scores[valid]
@@ -321,7 +322,7 @@ def iteration_metrics(
         "score_mean": float(scores.mean()) if scores.numel() else math.nan,
         "score_std": float(scores.std()) if scores.numel() > 1 else 0.0,
         "reward_mean": float(rollout.rewards.sum(dim=1)[rollout.valid].mean()),
-        "kl_ref": float(rollout.kl.sum(dim=1).mean()),
+        "kl_ref": math.nan if rollout.kl is None else float(rollout.kl.sum(dim=1).mean()),
         "kl_coef": rollout.kl_coef,
         "entropy": float(masked_mean(rollout.entropy, mask)),
         "response_length": float(lengths.mean()),
@@ -379,7 +380,8 @@ def loss_family_metrics(rollout: Rollout, stats: UpdateStats) -> dict[str, float
 
 def audit_records(rollout: Rollout, count: int, *, critic: bool = True) -> list[dict[str, Any]]:
     """The first ``count`` samples of a rollout in full (rollouts.jsonl); off-mask entries are null,
-    and so are the values and bootstrap value of a run without a critic (``critic=False``)."""
+    and so are the values and bootstrap value of a run without a critic (``critic=False``) and the
+    reference log-probs of a run without a reference forward."""
     records = []
     mask = rollout.sequences.response_mask.cpu()
     columns = {
@@ -407,6 +409,9 @@ def audit_records(rollout: Rollout, count: int, *, critic: bool = True) -> list[
             },
         }
         for name, tensor in columns.items():
+            if tensor is None:
+                record[name] = [None] * len(keep)
+                continue
             values = tensor[row].tolist()
             record[name] = [
                 v if k and (critic or name != "values") else None for v, k in zip(values, keep, strict=True)

@@ -34,7 +34,7 @@ from ppo_ref.trainer.data import EvalResult, Rollout, ScoredBatch, SequenceBatch
 from ppo_ref.trainer.estimators import advantage_estimator
 from ppo_ref.trainer.generation import generate, left_pad
 from ppo_ref.trainer.metrics import well_formed_rate
-from ppo_ref.trainer.models import ResponseOutputs, parameter_fingerprint, response_logprobs
+from ppo_ref.trainer.models import ResponseOutputs, parameter_dtype, parameter_fingerprint, response_logprobs
 from ppo_ref.trainer.rollout import gather_rollout
 from ppo_ref.trainer.scoring import Scorer, apply_missing_eos_rule, check_scores
 from ppo_ref.trainer.seeding import Stream, sampling_uniforms, stream_rng
@@ -78,14 +78,17 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
     # 2. Generate responses (per-sample noise; stop at the first EOS; mask from the first EOS).
     uniforms = sampling_uniforms(config.seed, Stream.SAMPLING, iteration, sample_index, config.max_new_tokens)
     #    At sampling_temperature (rollout_temperature, else temperature); a rollout correction
-    #    also records each sampled token's log-prob under the sampler's distribution.
-    sequences, ended, responses, rollout_logprobs = _generate(
+    #    also records each sampled token's log-prob under the sampler's distribution, and so does
+    #    a sampler whose log-probs are the old log-probs (see 4).
+    from_sampler = config.old_logprobs_from_sampler and state.autocast_dtype is None
+    sequences, ended, responses, rollout_logprobs, sampler_entropy = _generate(
         state,
         prompt_ids,
         prompt_mask,
         uniforms,
         config.sampling_temperature,
-        with_logprobs=config.rollout_correction != "none",
+        with_logprobs=config.rollout_correction != "none" or from_sampler,
+        with_entropy=from_sampler,
     )
     clock.lap("seconds_generate")
 
@@ -97,9 +100,23 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
 
     # 4. Old log-probs, entropies and values (policy in eval mode, logits / temperature; values
     #    only with a critic: a critic-free run has no value model, and its rollout holds zeros),
-    #    reference log-probs.
-    outputs = _forward_no_grad(state, sequences, config.temperature, need_values=config.uses_critic)
-    ref_logprobs = _reference_logprobs(state, sequences, config.temperature)
+    #    reference log-probs (only when a KL term can be nonzero: kl_coef > 0 or adaptive).
+    #    When the sampler drew from the trained distribution itself (config.old_logprobs_from_sampler:
+    #    no critic, temperature, no top-k/top-p, one minibatch, no bf16) its log-probs and entropies
+    #    are the old ones and the policy's no-grad forward is skipped; stage 7's step-0 check then
+    #    recomputes every action token's log-prob with the update's forward and stops the run if it
+    #    differs from the sampler's by more than the tolerance.
+    if from_sampler:
+        assert rollout_logprobs is not None and sampler_entropy is not None
+        wide = parameter_dtype(state.actor_critic.policy) == torch.float64
+        dtype = torch.float64 if wide else torch.float32  # the forward's dtype (at least float32)
+        outputs = ResponseOutputs(rollout_logprobs.to(dtype), None, None, sampler_entropy.to(dtype))
+        rollout_logprobs = None  # the old log-probs themselves, not a correction's rollout log-probs
+    else:
+        outputs = _forward_no_grad(state, sequences, config.temperature, need_values=config.uses_critic)
+    ref_logprobs = None
+    if config.uses_reference_forward:
+        ref_logprobs = _reference_logprobs(state, sequences, config.temperature)
     assert outputs.entropy is not None
     values, bootstrap_values = outputs.values, outputs.bootstrap_values
     if values is None or bootstrap_values is None:
@@ -111,9 +128,12 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
     mask = sequences.response_mask & valid.to(state.device).unsqueeze(1)
     scores = scored.scores.to(state.device)
     kl_coef = state.kl_controller.value
-    kl = kl_penalty(outputs.logprobs, ref_logprobs, config.kl_estimator, mask=sequences.response_mask)
-    reward_kl_coef = kl_coef if config.kl_in == "reward" else 0.0
-    rewards = token_rewards(scores, outputs.logprobs, ref_logprobs, mask, reward_kl_coef, config.kl_estimator)
+    kl = None  # without a reference forward (kl_coef 0, fixed): no KL, and no KL term anywhere
+    if ref_logprobs is not None:
+        kl = kl_penalty(outputs.logprobs, ref_logprobs, config.kl_estimator, mask=sequences.response_mask)
+    reward_kl_coef = kl_coef if config.kl_in == "reward" and ref_logprobs is not None else 0.0
+    reference = outputs.logprobs if ref_logprobs is None else ref_logprobs  # a zero KL when there is none
+    rewards = token_rewards(scores, outputs.logprobs, reference, mask, reward_kl_coef, config.kl_estimator)
     weights = None  # 5c. rollout correction: the old log-probs against the sampler's
     if rollout_logprobs is not None:
         weights = correction_weights(config, outputs.logprobs, rollout_logprobs, mask)
@@ -145,7 +165,8 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
     rollout = gather_rollout(state.parallel, local, state.pad_id)
 
     # 5b. The KL controller sees the mean per-sequence summed KL of the batch (kl is 0 off the mask).
-    state.kl_controller.update(float(rollout.kl.sum(dim=1).mean()), n_steps=count)
+    if rollout.kl is not None:
+        state.kl_controller.update(float(rollout.kl.sum(dim=1).mean()), n_steps=count)
 
     # 6a. Advantages and returns by the run's estimator (ppo_ref.trainer.estimators; "gae":
     #     terminal, or bootstrapped from the critic for responses cut at max length; the group
@@ -205,9 +226,11 @@ def _generate(
     temperature: float,
     top: bool = True,
     with_logprobs: bool = False,
-) -> tuple[SequenceBatch, Tensor, list[str], Tensor | None]:
-    """Stage 2 for a batch: ``(sequences, ended, response texts without EOS, sampler log-probs)``;
-    the log-probs (B, N) only ``with_logprobs`` (else None)."""
+    with_entropy: bool = False,
+) -> tuple[SequenceBatch, Tensor, list[str], Tensor | None, Tensor | None]:
+    """Stage 2 for a batch: ``(sequences, ended, response texts without EOS, sampler log-probs,
+    sampler entropies)``; the log-probs (B, N) only ``with_logprobs``, the entropies (B, N) only
+    ``with_entropy`` (else None)."""
     config = state.config
     uniforms = uniforms.to(state.device)
     # With several processes, each keeps sampling until every process's rows have ended.
@@ -226,6 +249,7 @@ def _generate(
             top_p=config.top_p if top else 1.0,
             all_ended=all_ended,
             return_logprobs=with_logprobs,
+            return_entropy=with_entropy,
         ),
     )
     width = max(p.response_ids.shape[1] for p in pieces)
@@ -238,7 +262,10 @@ def _generate(
     sampled = None
     if with_logprobs:
         sampled = torch.cat([_pad_right(p.logprobs, width, 0) for p in pieces if p.logprobs is not None])
-    return sequences, ended, state.tokenizer.batch_decode(rows_without_eos), sampled
+    spread = None
+    if with_entropy:
+        spread = torch.cat([_pad_right(p.entropy, width, 0) for p in pieces if p.entropy is not None])
+    return sequences, ended, state.tokenizer.batch_decode(rows_without_eos), sampled, spread
 
 
 @torch.no_grad()
@@ -335,7 +362,7 @@ def evaluate(state: TrainerState) -> EvalResult:
         state, chosen, state.setup.eval_prompts, state.eval_prompt_ids, "eval_samples"
     )
     uniforms = sampling_uniforms(config.seed, Stream.EVAL_SAMPLING, 0, sample_index, config.max_new_tokens)
-    sequences, ended, responses, _ = _generate(state, prompt_ids, prompt_mask, uniforms, 1.0, top=False)
+    sequences, ended, responses, _, _ = _generate(state, prompt_ids, prompt_mask, uniforms, 1.0, top=False)
     scored, valid = _score(state, state.eval_scorer, prompts, responses, sequences, ended, sample_index)
     logprobs = _forward_no_grad(state, sequences, 1.0, need_values=False, need_entropy=False).logprobs
     ref_logprobs = _reference_logprobs(state, sequences, 1.0)

@@ -1,0 +1,526 @@
+"""Trainer-step tier for verl 0.9.1 (spec STEP-1..5; contract :mod:`ppo_ref.adapters.step`).
+
+Every run goes through verl's own trainer code, in this process, on the CPU:
+
+- the rollout batch is laid out as verl's agent loop hands it to the trainer (``DataProto`` with
+  left-padded ``prompts``, right-padded ``responses``, ``attention_mask``, ``position_ids`` from
+  ``verl.utils.model.compute_position_id_with_mask``, ``uid``); the scores are placed on each row's
+  last response token by verl's ``DAPORewardManager`` (overlong buffer off: the naive manager's
+  placement) and turned into group advantages by ``ray_trainer.compute_advantage`` (GRPO);
+- the old log-probs come from ``RayPPOTrainer._compute_old_log_prob`` and the update from
+  ``RayPPOTrainer._update_actor`` (both called with this runner as their worker group), which run
+  ``TrainingWorker.infer_batch`` / ``TrainingWorker.train_mini_batch`` -> ``train_batch`` ->
+  ``FSDPEngine.train_batch``: ``left_right_2_no_padding``, the global token count and ``dp_size``
+  (``forward_backward_batch``), the split into micro-batches (``prepare_micro_batches``,
+  ``micro_batch_size_per_gpu``), ``forward_step`` and ``verl.workers.utils.losses.ppo_loss`` (the
+  registered ``vanilla`` policy loss and ``agg_loss`` with the global batch info) and the backward
+  of every micro-batch; the gradient is read at ``optimizer_step`` (before clipping, SGD).
+- The engine is verl's ``FSDPEngineWithLMHead`` with FSDP2 (``fully_shard``) over a gloo process
+  group of world size 1, fp32 parameters and compute (``mixed_precision`` fp32), no padding removal
+  (the path verl takes without flash-attn), eager attention, no torch.compile; the model a tiny
+  ``Qwen2ForCausalLM`` built from a fixed seed and saved to a temporary directory.
+
+Two things stand in for the hardware verl expects, through verl's own extension points: a CPU
+platform registered with ``verl.plugin.platform.platform_manager.set_platform`` (verl ships CUDA,
+NPU and ROCm platforms only) and ``VERL_ENGINE_DEVICE=cuda`` (read by ``EngineRegistry.get_engine_cls``)
+so the FSDP engine registered for CUDA is chosen. Neither changes the loss or its normalisation.
+
+Statistics: ``max_abs_log_ratio`` over the loss's micro-batches (read from the ``model_output``
+and ``old_log_probs`` that ``ppo_loss`` receives), ``clipfrac`` = verl's logged
+``actor/pg_clipfrac``, ``approx_kl`` = ``actor/ppo_kl`` (means over the micro-batches).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import tempfile
+from collections.abc import Mapping
+from types import MappingProxyType, SimpleNamespace
+from typing import Any
+
+import torch
+
+from ppo_ref.adapters.step import StepBatch, StepResult
+
+__all__ = ["LOSS_MODES", "VerlStep", "VerlStepAdapter", "make_adapter", "make_step"]
+
+LOSS_MODES: tuple[str, ...] = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+"""Every ``actor.loss_agg_mode`` verl 0.9.1 accepts (``verl/workers/config/actor.py``,
+valid_loss_agg_modes)."""
+
+OVERLONG_BUFFER = 1
+"""``reward_model.overlong_buffer.len`` for :meth:`VerlStep.truncated_rows`: the soft overlong
+penalty then reaches exactly the rows of ``budget`` tokens."""
+
+
+def _cpu_platform() -> Any:
+    """verl's CUDA platform with the CPU's device name, module and ids (a ``PlatformBase``)."""
+    PlatformCUDA: Any = importlib.import_module("verl.plugin.platform.platform_cuda").PlatformCUDA
+
+    class _Device:
+        """``torch.cpu`` plus the memory queries verl logs (0 on the CPU)."""
+
+        def __getattr__(self, name: str) -> Any:
+            if hasattr(torch.cpu, name):
+                return getattr(torch.cpu, name)
+            if name == "get_device_name":
+                return lambda *args, **kwargs: "CPU"
+            if name == "mem_get_info":
+                return lambda *args, **kwargs: (0, 0)
+            if "memory" in name:
+                return lambda *args, **kwargs: 0
+            raise AttributeError(name)
+
+    class PlatformCPU(PlatformCUDA):  # type: ignore[misc]
+        @property
+        def device_name(self) -> str:
+            return "cpu"
+
+        @property
+        def vendor_name(self) -> str:
+            return "cpu"
+
+        @property
+        def device_module(self) -> Any:
+            return _Device()
+
+        def is_available(self) -> bool:
+            return True
+
+        def current_device(self) -> Any:
+            return "cpu"
+
+        def device_count(self) -> int:
+            return 1
+
+        def set_device(self, device_index: int) -> None:
+            return None
+
+        def synchronize(self, device_index: int | None = None) -> None:
+            return None
+
+        def manual_seed(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def manual_seed_all(self, seed: int) -> None:
+            torch.manual_seed(seed)
+
+        def empty_cache(self) -> None:
+            return None
+
+        def communication_backend_name(self) -> str:
+            return "gloo"
+
+    return PlatformCPU()
+
+
+def _setup_process() -> None:
+    """A gloo process group of world size 1 and verl's CPU platform (once per process)."""
+    import torch.distributed as dist
+
+    os.environ["VERL_ENGINE_DEVICE"] = "cuda"
+    platform_manager = importlib.import_module("verl.plugin.platform.platform_manager")
+
+    if platform_manager.get_platform().device_name != "cpu":
+        platform_manager.set_platform(_cpu_platform())
+    if not dist.is_initialized():
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        for key, value in (
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", str(port)),
+            ("RANK", "0"),
+            ("LOCAL_RANK", "0"),
+            ("WORLD_SIZE", "1"),
+        ):
+            os.environ.setdefault(key, value)
+        dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+def _rounded(width: int, pad_to: int | None) -> int:
+    if pad_to is None:
+        return width
+    if not isinstance(pad_to, int) or pad_to < 1:
+        raise ValueError(f"pad_to: expected an int >= 1 or None, got {pad_to!r}")
+    return -(-width // pad_to) * pad_to
+
+
+class _Profiler:
+    """What ``DistProfiler.annotate`` and ``train_mini_batch`` read of a worker's profiler (disabled)."""
+
+    rank = 0
+
+    def check_enable(self) -> bool:
+        return False
+
+    def step(self) -> None:
+        return None
+
+
+class VerlStep:
+    """One actor update of verl's trainer on a :class:`StepBatch` (see the module docstring).
+
+    ``pad_to`` rounds the prompt width and the response width up to a multiple of it (the
+    library's own width, None, is the prompt length and the token budget: verl's rollout pads every
+    response to ``rollout.response_length``); ``pad_fill`` is the token id written in every padding
+    slot of ``input_ids`` (None: the pad id)."""
+
+    name = "verl"
+    loss_modes = LOSS_MODES
+    micro_batch_local: Mapping[str, str] = MappingProxyType({})
+    provenance = (
+        "verl RayPPOTrainer._compute_old_log_prob and _update_actor (left_right_2_no_padding, "
+        "TrainingWorker.infer_batch/train_mini_batch/train_batch, FSDPEngine.forward_backward_batch with "
+        "prepare_micro_batches, forward_step, workers/utils/losses.ppo_loss -> vanilla policy loss + "
+        "agg_loss(global batch info)); rewards placed by DAPORewardManager, advantages by "
+        "ray_trainer.compute_advantage (GRPO); FSDP2 engine on a gloo group of 1; gradient read at "
+        "optimizer_step"
+    )
+
+    def __init__(self, seed: int = 0, loss_scale_factor: int | None = None) -> None:
+        if not isinstance(seed, int):
+            raise ValueError(f"seed: expected an int, got {seed!r}")
+        if loss_scale_factor is not None and (
+            not isinstance(loss_scale_factor, int) or loss_scale_factor < 1
+        ):
+            raise ValueError(f"loss_scale_factor: expected None or an int >= 1, got {loss_scale_factor!r}")
+        self.version = str(importlib.import_module("verl").__version__)
+        self.seed = seed
+        self.loss_scale_factor = loss_scale_factor
+        self._dir = tempfile.mkdtemp(prefix="ppo-ref-verl-step-")
+        self._saved: dict[int, str] = {}
+
+    # --- model, tokenizer, engine ---
+
+    def _model_path(self, vocab_size: int) -> str:
+        from tokenizers import Tokenizer
+        from tokenizers.models import WordLevel
+        from tokenizers.pre_tokenizers import WhitespaceSplit
+        from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+        if vocab_size not in self._saved:
+            vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
+            core = Tokenizer(WordLevel(vocab, unk_token="<bos>"))
+            core.pre_tokenizer = WhitespaceSplit()
+            tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+                tokenizer_object=core,
+                pad_token="<pad>",
+                eos_token="<eos>",
+                bos_token="<bos>",
+                unk_token="<bos>",
+            )
+            torch.manual_seed(self.seed)
+            config = Qwen2Config(
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                num_key_value_heads=2,
+                vocab_size=vocab_size,
+                max_position_embeddings=64,
+                bos_token_id=2,
+                eos_token_id=1,
+                pad_token_id=0,
+                tie_word_embeddings=False,
+            )
+            path = os.path.join(self._dir, f"model-{vocab_size}")
+            Qwen2ForCausalLM(config).save_pretrained(path)
+            tokenizer.save_pretrained(path)
+            self._saved[vocab_size] = path
+        return self._saved[vocab_size]
+
+    def _worker(self, batch: StepBatch, loss_mode: str, micro: int) -> Any:
+        """verl's ``TrainingWorker`` (its methods, on an instance built without Ray) around an
+        initialised ``FSDPEngineWithLMHead`` and ``ppo_loss`` for ``loss_mode``."""
+        from functools import partial
+
+        CheckpointConfig = importlib.import_module("verl.trainer.config").CheckpointConfig
+        FlopsCounter = importlib.import_module("verl.utils.flops_counter").FlopsCounter
+        ActorConfig = importlib.import_module("verl.workers.config").ActorConfig
+        FSDPEngineConfig = importlib.import_module("verl.workers.config").FSDPEngineConfig
+        FSDPOptimizerConfig = importlib.import_module("verl.workers.config").FSDPOptimizerConfig
+        HFModelConfig = importlib.import_module("verl.workers.config").HFModelConfig
+        EngineRegistry = importlib.import_module("verl.workers.engine").EngineRegistry
+        TrainingWorker = importlib.import_module("verl.workers.engine_workers").TrainingWorker
+        ppo_loss = importlib.import_module("verl.workers.utils.losses").ppo_loss
+
+        _setup_process()
+        path = self._model_path(batch.vocab_size)
+        model_config = HFModelConfig(
+            path=path,
+            use_remove_padding=False,
+            enable_gradient_checkpointing=False,
+            override_config={"attn_implementation": "eager"},
+        )
+        size = batch.size // micro
+        engine_config = FSDPEngineConfig(
+            strategy="fsdp2",
+            use_dynamic_bsz=False,
+            micro_batch_size_per_gpu=size,
+            infer_micro_batch_size_per_gpu=batch.size,  # old log-probs in one forward of the whole batch
+            mixed_precision={"param_dtype": "fp32", "reduce_dtype": "fp32", "buffer_dtype": "fp32"},
+            use_torch_compile=False,
+            use_remove_padding=False,
+            seed=self.seed,
+        )
+        optimizer_config = FSDPOptimizerConfig(
+            lr=1.0, optimizer="SGD", weight_decay=0.0, clip_grad=1e30, total_training_steps=1
+        )
+        model_config.model_type = "language_model"
+        engine = EngineRegistry.new(
+            model_type="language_model",
+            backend="fsdp2",
+            model_config=model_config,
+            engine_config=engine_config,
+            optimizer_config=optimizer_config,
+            checkpoint_config=CheckpointConfig(),
+        )
+        engine.initialize()
+        actor_config = ActorConfig(
+            strategy="fsdp",
+            rollout_n=batch.group_size,
+            ppo_mini_batch_size=len(batch.prompt_ids),
+            ppo_micro_batch_size_per_gpu=size,
+            loss_agg_mode=loss_mode,
+            loss_scale_factor=self.loss_scale_factor,
+            use_torch_compile=False,
+        )
+        worker = object.__new__(TrainingWorker)
+        worker.__dict__.update(
+            config=SimpleNamespace(model_type="language_model"),
+            model_config=model_config,
+            engine_config=engine_config,
+            optimizer_config=optimizer_config,
+            engine=engine,
+            device_name="cpu",
+            flops_counter=FlopsCounter(model_config.hf_config),
+            profiler=_Profiler(),
+            loss_fn=partial(ppo_loss, config=actor_config),
+        )
+        return worker
+
+    # --- the rollout batch as verl's trainer receives it ---
+
+    def _rollout(self, batch: StepBatch, pad_to: int | None, pad_fill: int | None) -> Any:
+        import numpy as np
+
+        DataProto = importlib.import_module("verl").DataProto
+        compute_position_id_with_mask = importlib.import_module(
+            "verl.utils.model"
+        ).compute_position_id_with_mask
+
+        fill = batch.pad_id if pad_fill is None else pad_fill
+        if not isinstance(fill, int) or not 0 <= fill < batch.vocab_size or fill == batch.eos_id:
+            raise ValueError(
+                f"pad_fill: expected a non-EOS token id in [0, {batch.vocab_size}), got {pad_fill!r}"
+            )
+        width_p = _rounded(len(batch.prompt_ids[0]), pad_to)
+        width_r = batch.budget if pad_to is None else _rounded(max(len(c) for c in batch.completions), pad_to)
+        prompts = torch.full((batch.size, width_p), fill, dtype=torch.long)
+        prompt_mask = torch.zeros(batch.size, width_p, dtype=torch.long)
+        responses = torch.full((batch.size, width_r), fill, dtype=torch.long)
+        response_mask = torch.zeros(batch.size, width_r, dtype=torch.long)
+        for i, completion in enumerate(batch.completions):
+            prompt = batch.prompt_ids[i // batch.group_size]
+            prompts[i, width_p - len(prompt) :] = torch.tensor(prompt)
+            prompt_mask[i, width_p - len(prompt) :] = 1
+            responses[i, : len(completion)] = torch.tensor(completion)
+            response_mask[i, : len(completion)] = 1
+        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+        data = DataProto.from_dict(
+            tensors={
+                "prompts": prompts,
+                "responses": responses,
+                "input_ids": torch.cat([prompts, responses], dim=1),
+                "attention_mask": attention_mask,
+                "position_ids": compute_position_id_with_mask(attention_mask),
+            },
+            non_tensors={
+                "uid": np.array([f"g{i // batch.group_size}" for i in range(batch.size)], dtype=object),
+                "data_source": np.array(["ppo-ref"] * batch.size, dtype=object),
+                "reward_model": np.array([{"ground_truth": str(i)} for i in range(batch.size)], dtype=object),
+            },
+        )
+        return data
+
+    def _rewards(self, batch: StepBatch, data: Any, overlong: bool) -> Any:
+        """``token_level_scores`` from verl's ``DAPORewardManager`` (the batch's scores through a
+        ``compute_score`` lookup; its soft overlong penalty on when ``overlong``)."""
+        from transformers import PreTrainedTokenizerFast
+
+        DAPORewardManager = importlib.import_module("verl.workers.reward_manager.dapo").DAPORewardManager
+
+        def score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
+            return float(batch.scores[int(ground_truth)])
+
+        overlong_cfg = SimpleNamespace(enable=overlong, len=OVERLONG_BUFFER, penalty_factor=1.0, log=False)
+        manager = DAPORewardManager(
+            tokenizer=PreTrainedTokenizerFast.from_pretrained(self._model_path(batch.vocab_size)),
+            num_examine=0,
+            compute_score=score,
+            max_resp_len=batch.budget,
+            overlong_buffer_cfg=overlong_cfg,
+        )
+        return manager(data)
+
+    # --- the step ---
+
+    def run(
+        self,
+        batch: StepBatch,
+        *,
+        loss_mode: str,
+        micro_batches: int = 1,
+        pad_to: int | None = None,
+        pad_fill: int | None = None,
+    ) -> StepResult:
+        """One actor update of verl's trainer on ``batch`` (module docstring)."""
+        OmegaConf = importlib.import_module("omegaconf").OmegaConf
+        AdvantageEstimator = importlib.import_module("verl.trainer.ppo.core_algos").AdvantageEstimator
+        RayPPOTrainer = importlib.import_module("verl.trainer.ppo.ray_trainer").RayPPOTrainer
+        compute_advantage = importlib.import_module("verl.trainer.ppo.ray_trainer").compute_advantage
+        compute_response_mask = importlib.import_module("verl.trainer.ppo.ray_trainer").compute_response_mask
+        no_padding_2_padding = importlib.import_module("verl.workers.utils.padding").no_padding_2_padding
+
+        if not isinstance(batch, StepBatch):
+            raise ValueError(f"batch: expected a StepBatch, got {type(batch).__name__}")
+        if loss_mode not in LOSS_MODES:
+            raise ValueError(f"loss_mode: expected one of {LOSS_MODES}, got {loss_mode!r}")
+        if not isinstance(micro_batches, int) or micro_batches < 1 or batch.size % micro_batches:
+            raise ValueError(f"micro_batches: expected a divisor of {batch.size}, got {micro_batches!r}")
+        longest = max(len(c) for c in batch.completions)
+        if pad_to is not None and pad_to < max(longest, len(batch.prompt_ids[0])):
+            raise ValueError(f"pad_to: expected >= the longest completion and prompt, got {pad_to}")
+        data = self._rollout(batch, pad_to, pad_fill)
+        worker = self._worker(batch, loss_mode, micro_batches)
+        record: dict[str, Any] = {"ratio": 0.0, "clip": [], "kl": [], "losses": []}
+        loss_fn = worker.loss_fn
+
+        def loss(model_output: Any, data: Any, dp_group: Any = None) -> Any:
+            if torch.is_grad_enabled():
+                logp = no_padding_2_padding(model_output["log_probs"], data).detach()
+                fields = data.select("response_mask", "old_log_probs").to_padded_tensor()
+                mask = fields["response_mask"].bool()
+                diff = (logp - fields["old_log_probs"]).abs()[mask]
+                record["ratio"] = max(record["ratio"], float(diff.max()))
+            value, metrics = loss_fn(model_output=model_output, data=data, dp_group=dp_group)
+            if torch.is_grad_enabled():
+                record["clip"].append(float(metrics["actor/pg_clipfrac"].aggregate()))
+                record["kl"].append(float(metrics["actor/ppo_kl"].aggregate()))
+                record["losses"].append(float(value.detach()))
+            return value, metrics
+
+        worker.loss_fn = loss
+        engine = worker.engine
+        step = engine.optimizer_step
+
+        def optimizer_step() -> float:
+            gradient = {}
+            for name, parameter in engine.module.named_parameters():
+                grad = parameter.grad
+                if grad is None:
+                    gradient[name] = torch.zeros(parameter.shape, dtype=torch.float64)
+                    continue
+                if hasattr(grad, "full_tensor"):
+                    grad = grad.full_tensor()
+                gradient[name] = grad.detach().double().clone()
+            record["gradient"] = gradient
+            result: float = step()
+            return result
+
+        engine.optimizer_step = optimizer_step
+
+        class Group:  # the actor worker group, in this process
+            def compute_log_prob(self, td: Any) -> Any:
+                return worker.infer_batch(td)
+
+            def update_actor(self, td: Any) -> Any:
+                return worker.train_mini_batch(td)
+
+        config = OmegaConf.create(
+            {
+                "actor_rollout_ref": {
+                    "rollout": {"n": batch.group_size, "temperature": 1.0, "multi_turn": {"enable": False}},
+                    "actor": {
+                        "calculate_entropy": False,
+                        "entropy_coeff": 0.0,
+                        "calculate_sum_pi_squared": False,
+                        "ppo_mini_batch_size": len(batch.prompt_ids),
+                        "ppo_epochs": 1,
+                        "data_loader_seed": self.seed,
+                        "shuffle": False,
+                    },
+                }
+            }
+        )
+        trainer = SimpleNamespace(config=config, actor_rollout_wg=Group(), distillation_config=None)
+        rewards = self._rewards(batch, data, overlong=False)
+        data.batch["token_level_scores"] = rewards
+        data.batch["token_level_rewards"] = rewards
+        data.batch["response_mask"] = compute_response_mask(data)
+        data.meta_info["temperature"] = 1.0
+        data.meta_info["global_token_num"] = torch.sum(data.batch["attention_mask"], dim=-1).tolist()
+        old, _ = RayPPOTrainer._compute_old_log_prob(trainer, data)
+        data = data.union(old)
+        data = compute_advantage(data, adv_estimator=AdvantageEstimator.GRPO, num_repeat=batch.group_size)
+        output = RayPPOTrainer._update_actor(trainer, data)
+        if "gradient" not in record:
+            raise RuntimeError("verl's actor update took no optimizer step")
+        metrics = output.meta_info["metrics"]
+        stats: dict[str, float | None] = {
+            "max_abs_log_ratio": record["ratio"],
+            "clipfrac": sum(record["clip"]) / len(record["clip"]),
+            "approx_kl": sum(record["kl"]) / len(record["kl"]),
+            "micro_batches_run": float(len(record["losses"])),
+        }
+        logged = metrics.get("actor/loss")
+        if isinstance(logged, (int, float)):
+            stats["logged_loss"] = float(logged)
+        return StepResult(gradient=record["gradient"], loss=float(sum(record["losses"])), stats=stats)
+
+    def truncated_rows(self, batch: StepBatch) -> tuple[bool, ...]:
+        """Rows verl penalises as over-long: ``DAPORewardManager`` with ``overlong_buffer`` on
+        (``len`` = :data:`OVERLONG_BUFFER`, ``max_resp_len`` = the budget) gives them a negative
+        ``overlong_reward``. verl's only truncation-dependent handling: its GAE never bootstraps
+        (``compute_gae_advantage_return`` ends every row with next value 0) and the default reward
+        managers add no missing-EOS penalty."""
+        if not isinstance(batch, StepBatch):
+            raise ValueError(f"batch: expected a StepBatch, got {type(batch).__name__}")
+        data = self._rollout(batch, None, None)
+        plain = self._rewards(batch, data, overlong=False).sum(dim=1)
+        shaped = self._rewards(batch, data, overlong=True).sum(dim=1)
+        return tuple(bool(s < p) for s, p in zip(shaped.tolist(), plain.tolist(), strict=True))
+
+
+def make_step() -> VerlStep:
+    """The verl step runner (verl's own actor update, see :class:`VerlStep`)."""
+    return VerlStep()
+
+
+class VerlStepAdapter:
+    """An adapter with no ops and the step runner only:
+    ``--impl=ppo_ref.adapters.thirdparty.verl_step:make_adapter`` runs the trainer-step tier alone
+    (``--impl=verl`` runs it after the op tier, through ``BUILTIN_STEP_RUNNERS``)."""
+
+    name = "verl"
+    ops: frozenset[str] = frozenset()
+    conventions: Mapping[str, object] = MappingProxyType({})
+
+    def __init__(self) -> None:
+        self.version = str(importlib.import_module("verl").__version__)
+        self.step = make_step()
+        self.provenance = self.step.provenance
+
+
+def make_adapter() -> VerlStepAdapter:
+    """The step-only verl adapter (see :class:`VerlStepAdapter`)."""
+    return VerlStepAdapter()

@@ -3,7 +3,8 @@ work, and TRL 1.16's ``GRPOTrainer`` at the same settings (issue 12, part 4).
 
 The side-by-side comparison (interleaved rounds, three processes) is ``tools/run_bench.py --only
 grpo``; these tests time each side alone and check that each still runs. TRL's side needs
-``.envs/trl116`` (``python tools/thirdparty_envs.py trl116``) and skips without it.
+``.envs/trl116`` (``python tools/thirdparty_envs.py trl116``) and skips without it (fails under
+``PPO_REF_REQUIRE_ENVS=1``, as in CI).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import torch
 from bench import tiny_grpo as g
 from bench.grpo_side import BareGrpo, make_grpo_trainer
 from bench.ppo_ref_side import TrainStepper
+from tests.thirdparty_env import thirdparty_python
 
 ROOT = Path(__file__).resolve().parent.parent
-TRL116_PYTHON = ROOT / ".envs" / "trl116" / "bin" / "python"
 
 
 def _disabled(benchmark: Any) -> bool:
@@ -80,15 +81,12 @@ def test_reward_counts_the_target_word() -> None:
 
 
 @pytest.mark.thirdparty
-@pytest.mark.skipif(
-    not TRL116_PYTHON.exists(),
-    reason="TRL 1.16's environment .envs/trl116 is not built (tools/thirdparty_envs.py)",
-)
 @pytest.mark.parametrize("beta", g.BETAS, ids=lambda beta: f"beta{beta:g}")
 def test_trl_grpo_side_runs(beta: float) -> None:
     """TRL 1.16's GRPOTrainer at the same settings still runs, with the settings the benchmark claims."""
+    python = thirdparty_python("trl116")  # skips without .envs/trl116; fails under PPO_REF_REQUIRE_ENVS=1
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRL_EXPERIMENTAL_SILENCE": "1"}
-    command = [str(TRL116_PYTHON), "-m", "bench.trl_grpo_iteration", "--beta", str(beta)]
+    command = [str(python), "-m", "bench.trl_grpo_iteration", "--beta", str(beta)]
     done = subprocess.run(
         [*command, "--warmup", "1", "--iterations", "2"],
         cwd=ROOT,

@@ -23,6 +23,7 @@ from torch import Tensor
 from ppo_ref.adapters import convention_problems
 from ppo_ref.adapters.base import OP_NAMES
 from ppo_ref.adapters.thirdparty import openrlhf_family, skyrl_family, trl_family, verl_family
+from tests.thirdparty_env import thirdparty_python
 
 ROOT = Path(__file__).resolve().parents[1]
 FAMILY = {"verl": verl_family, "openrlhf": openrlhf_family, "skyrl": skyrl_family}
@@ -317,9 +318,7 @@ the failures)."""
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PASSING))
 def test_family_rows_that_pass_keep_passing(name: str) -> None:
-    python = ROOT / ".envs" / name / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"no environment .envs/{name} (python tools/thirdparty_envs.py {name})")
+    python = thirdparty_python(name)  # skips where .envs/NAME is missing; fails under PPO_REF_REQUIRE_ENVS=1
     command = [str(python), "-m", "pytest", "conformance/", f"--impl={name}", "-q", "-p", "no:cacheprovider",
                "--hypothesis-seed=0"]  # fmt: skip
     result = subprocess.run(

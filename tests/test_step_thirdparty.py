@@ -5,7 +5,8 @@ loss_type) and ``.envs/trl`` (TRL 1.12 ``PPOTrainer``), through the step-only ad
 ``ppo_ref.adapters.thirdparty.trl_step:make_adapter``. The failing tests are exactly those the
 findings of ``docs/findings-family.md`` explain (trl116-step-position-ids, trl116-cispo-epsilon;
 trl-ppo-micro-batch-mean, trl-ppo-score-slot-width): a fix upstream, or a regression of the runner,
-shows up here. Skipped where the environment is missing (``python tools/thirdparty_envs.py NAME``).
+shows up here. Skipped where the environment is missing (``python tools/thirdparty_envs.py NAME``),
+failed instead under ``PPO_REF_REQUIRE_ENVS=1`` (CI; ``tests/thirdparty_env.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.thirdparty_env import thirdparty_python
 
 REPO = Path(__file__).resolve().parents[1]
 ADAPTER = "ppo_ref.adapters.thirdparty.trl_step:make_adapter"
@@ -35,9 +38,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty
 
 @pytest.mark.parametrize("env", sorted(EXPECTED_FAILURES))
 def test_step_tier_verdicts_of_trl(env: str) -> None:
-    python = REPO / ".envs" / env / "bin" / "python"
-    if not python.exists():
-        pytest.skip(f"no .envs/{env} (build it with python tools/thirdparty_envs.py {env})")
+    python = thirdparty_python(env)  # skips where .envs/ENV is missing; fails under PPO_REF_REQUIRE_ENVS=1
     command = [str(python), "-m", "pytest", "conformance/test_step_tier.py", f"--impl={ADAPTER}"]
     command += ["-q", "-p", "no:cacheprovider", "-rfE", "--tb=no"]
     environment = {
@@ -77,9 +78,7 @@ def test_trl_grpo_gradients_equal_ppo_refs_on_the_same_model() -> None:
     GPT-2 and the same batch: dapo, grpo and luspo give ppo-ref's token-mean, seq-mean-token-mean and
     seq-mean-token-sum gradients within 5e-4 relative (TRL's group std has eps 1e-4, ppo-ref's 1e-6:
     about 1.2e-4 measured); TRL's cispo gradient is 0.2 of ppo-ref's (trl116-cispo-epsilon)."""
-    python = REPO / ".envs" / "trl116" / "bin" / "python"
-    if not python.exists():
-        pytest.skip("no .envs/trl116 (build it with python tools/thirdparty_envs.py trl116)")
+    python = thirdparty_python("trl116")
     environment = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",

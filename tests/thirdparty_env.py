@@ -1,0 +1,89 @@
+"""Where a third-party library's environment is, and what a test does when it is not built.
+
+A test marked ``thirdparty`` runs code in ``.envs/NAME`` (built by ``python tools/thirdparty_envs.py
+NAME``). Where that environment is missing the test skips, so that ``./dev test --all`` works on a
+checkout without the environments; with ``PPO_REF_REQUIRE_ENVS=1`` (set by ``.ci/run``, which builds
+every environment before the tests) a missing environment fails the test instead, so CI cannot pass
+while silently skipping the third-party checks.
+
+Two layers: :func:`thirdparty_python` (the helper the tests call) and :func:`pytest_runtest_makereport`
+(imported by ``tests/conftest.py`` and ``bench/conftest.py``), which turns into a failure any skip of a
+``thirdparty``-marked test whose reason names ``.envs/``, for a test that skips on its own
+(``pytest.mark.skipif`` or its own ``pytest.skip``). ``tests/test_thirdparty_env.py`` tests both.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator, Mapping
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REQUIRE_ENVS = "PPO_REF_REQUIRE_ENVS"
+"""Set to ``1`` to fail, not skip, a test whose third-party environment is missing (``.ci/run``)."""
+
+
+def envs_required(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether ``PPO_REF_REQUIRE_ENVS`` is on (``1``, ``true``, ``yes``; ``0``, empty or unset: off).
+
+    >>> [envs_required({"PPO_REF_REQUIRE_ENVS": value}) for value in ("", "0", "1", "true")]
+    [False, False, True, True]
+    """
+    value = (os.environ if environ is None else environ).get(REQUIRE_ENVS, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ValueError(f"{REQUIRE_ENVS}={value!r}: expected 1/true/yes or 0/false/no/empty")
+
+
+def thirdparty_python(name: str, root: Path = REPO) -> Path:
+    """``root/.envs/NAME/bin/python``; skips the calling test when it is missing, or fails it under
+    ``PPO_REF_REQUIRE_ENVS=1``.
+
+    ``name`` is an environment of ``tools/thirdparty_envs.py`` (``trl``, ``trl116``, ``verl``, ...).
+    """
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"name must be an environment name like 'trl116', got {name!r}")
+    python = root / ".envs" / name / "bin" / "python"
+    if python.exists():
+        return python
+    reason = f"no environment .envs/{name} (build it with python tools/thirdparty_envs.py {name})"
+    if envs_required():
+        pytest.fail(f"{REQUIRE_ENVS}=1 and {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def missing_env_failure(
+    marked_thirdparty: bool, skip_reason: str, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The failure message that replaces a skip, or ``None`` to keep it: only for a ``thirdparty``
+    test, only under ``PPO_REF_REQUIRE_ENVS=1``, and only when the reason names ``.envs/`` (a missing
+    environment; a "not provided" skip stays a skip).
+
+    >>> missing_env_failure(True, "no .envs/trl", {"PPO_REF_REQUIRE_ENVS": "1"})
+    'PPO_REF_REQUIRE_ENVS=1 and a thirdparty test skipped for a missing environment: no .envs/trl'
+    >>> missing_env_failure(True, "not provided: op 'gae'", {"PPO_REF_REQUIRE_ENVS": "1"}) is None
+    True
+    """
+    if not marked_thirdparty or ".envs/" not in skip_reason or not envs_required(environ):
+        return None
+    return f"{REQUIRE_ENVS}=1 and a thirdparty test skipped for a missing environment: {skip_reason}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Turn the skip of a ``thirdparty`` test for a missing ``.envs/NAME`` into a failure under
+    ``PPO_REF_REQUIRE_ENVS=1`` (:func:`missing_env_failure`)."""
+    report = yield
+    if report.skipped and isinstance(report.longrepr, tuple):
+        reason = str(report.longrepr[2]).removeprefix("Skipped: ")
+        message = missing_env_failure(item.get_closest_marker("thirdparty") is not None, reason)
+        if message is not None:
+            report.outcome = "failed"
+            report.longrepr = message
+    return report

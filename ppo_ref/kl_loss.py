@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ppo_ref._validate import check_finite_where, check_float, check_mask, compute_dtype
-from ppo_ref.aggregation import _PER_ROW, _reduce, check_aggregation
+from ppo_ref.aggregation import _PER_ROW, _reduce, check_aggregation, mask_weights
 
 __all__ = ["KL_LOSS_ESTIMATORS", "KLLossEstimator", "kl_loss"]
 
@@ -67,8 +67,28 @@ def kl_loss(
         keep, loss_agg, norm_constant, token_count, row_count
     )
     dtype = compute_dtype(logp, ref_logp)
-    zero = torch.zeros((), dtype=dtype, device=keep.device)
-    delta = torch.where(keep, logp.to(dtype), zero) - torch.where(keep, ref_logp.to(dtype), zero)
+    weights = mask_weights(keep, dtype)
+    # (logp - ref_logp) * weights: on the mask the same difference as zeroing each input with
+    # where first; off it a zero (of either sign), unless an input is inf or NaN there: the sum
+    # below is then non-finite and the computation is redone with where, as before.
+    delta = (logp.to(dtype) - ref_logp.to(dtype)) * weights
+    row_sums, total = _terms(delta, estimator, loss_agg)
+    if not bool(torch.isfinite(total.detach())):
+        zero = torch.zeros((), dtype=dtype, device=keep.device)
+        delta = torch.where(keep, logp.to(dtype), zero) - torch.where(keep, ref_logp.to(dtype), zero)
+        row_sums, total = _terms(delta, estimator, loss_agg)
+        # Off the mask delta = +0 now, so every estimator's term is exactly +0 there: per_token is
+        # already masked (the sums equal the masked sums), and its sum proves the inputs finite (an
+        # inf or NaN in either on the mask makes its term inf or NaN); only a non-finite sum needs
+        # the entry-by-entry checks, in the order logp, ref_logp.
+        if not bool(torch.isfinite(total.detach())):
+            check_finite_where(logp, keep, "logp")
+            check_finite_where(ref_logp, keep, "ref_logp")
+    return _reduce(keep, loss_agg, constant, tokens_total, rows_total, total, row_sums, weights)
+
+
+def _terms(delta: Tensor, estimator: str, loss_agg: str) -> tuple[Tensor | None, Tensor]:
+    """The row sums (per-row modes) and the sum of ``estimator``'s per-token terms at ``delta``."""
     if estimator == "k1":
         per_token = delta
     elif estimator == "k2":
@@ -80,13 +100,6 @@ def kl_loss(
         else:  # k3+: k3's value, k2's gradient
             k2 = 0.5 * delta * delta
             per_token = k3.detach() + (k2 - k2.detach())
-    # Off the mask delta = +0, so every estimator's term is exactly +0 there: per_token is already
-    # masked (the sums below equal the masked sums), and its sum proves the inputs finite (an inf or
-    # NaN in either on the mask makes its term inf or NaN); only a non-finite sum needs the
-    # entry-by-entry checks, in the order logp, ref_logp.
     row_sums = per_token.sum(dim=1) if loss_agg in _PER_ROW else None
     total = per_token.sum() if row_sums is None else row_sums.sum()
-    if not bool(torch.isfinite(total.detach())):
-        check_finite_where(logp, keep, "logp")
-        check_finite_where(ref_logp, keep, "ref_logp")
-    return _reduce(keep, loss_agg, constant, tokens_total, rows_total, total, row_sums)
+    return row_sums, total

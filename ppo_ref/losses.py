@@ -8,7 +8,14 @@ import torch
 from torch import Tensor
 
 from ppo_ref._validate import check_finite_where, check_float, check_mask, check_real, compute_dtype
-from ppo_ref.aggregation import LossAggregation, aggregate, aggregate_loss, check_aggregation
+from ppo_ref.aggregation import (
+    LossAggregation,
+    _count,
+    aggregate,
+    aggregate_loss,
+    check_aggregation,
+    mask_weights,
+)
 from ppo_ref.masked import masked_sum
 
 __all__ = [
@@ -92,6 +99,37 @@ def _pair(logp: Tensor, old_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor,
     return keep, kept_logp, kept_logp - kept_old_logp.to(dtype), zero
 
 
+def _pair_kl(
+    logp: Tensor, old_logp: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """:func:`_pair`, the sum of the k3 terms ``expm1(log_ratio) - log_ratio`` (the approx-KL
+    statistic, +0 off the mask), the proof that ``logp`` and ``old_logp`` are finite on the mask
+    (:func:`_check_finite_pair` with that sum), and the mask as 0/1 weights in the compute dtype.
+
+    Returns ``(keep, kept_logp, log_ratio, zero, kl_sum, weights)``. The inputs are zeroed off the
+    mask by multiplying with the weights (the same numbers as ``where`` while they are finite, see
+    :func:`ppo_ref.aggregation.zero_off`); a non-finite sum (an inf or NaN anywhere, off the mask
+    included) redoes :func:`_pair` with ``where`` and checks the inputs entry by entry.
+    """
+    keep = check_mask(mask)
+    check_float(logp, "logp", shape=keep.shape)
+    check_float(old_logp, "old_logp", shape=keep.shape)
+    dtype = compute_dtype(logp, old_logp)
+    weights = mask_weights(keep, dtype)
+    kept_logp = logp.to(dtype) * weights
+    log_ratio = kept_logp - old_logp.to(dtype) * weights
+    with torch.no_grad():
+        kl_sum = torch.expm1(log_ratio).sub_(log_ratio).sum()
+    if bool(torch.isfinite(kl_sum)):
+        return keep, kept_logp, log_ratio, torch.zeros((), dtype=dtype, device=keep.device), kl_sum, weights
+    keep, kept_logp, log_ratio, zero = _pair(logp, old_logp, mask)
+    with torch.no_grad():
+        # k3 terms: an inf or NaN log-ratio gives an inf or NaN term, so their sum checks the inputs.
+        kl_sum = torch.expm1(log_ratio).sub_(log_ratio).sum()
+    _check_finite_pair(kl_sum, logp, old_logp, keep)
+    return keep, kept_logp, log_ratio, zero, kl_sum, weights
+
+
 def _check_finite_pair(evidence: Tensor, logp: Tensor, old_logp: Tensor, keep: Tensor) -> None:
     """Raise for the first inf or NaN of ``logp``, then ``old_logp``, on the mask.
 
@@ -171,12 +209,7 @@ def policy_loss(
         >>> r.loss, r.dual_clip_frac  # max(min(-8, -2.4), 3 * -2) = -6
         (tensor(6.), tensor(1.))
     """
-    keep, log_ratio, count, zero = _check_pair(logp, old_logp, mask, check_finite=False)
-    with torch.no_grad():
-        # k3 terms: an inf or NaN log-ratio gives an inf or NaN term, so their sum checks the inputs.
-        kl_terms = torch.expm1(log_ratio).sub_(log_ratio)
-        kl_sum = kl_terms.sum()
-    _check_finite_pair(kl_sum, logp, old_logp, keep)
+    keep, _, log_ratio, zero, kl_sum, weights = _pair_kl(logp, old_logp, mask)
     eps = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
     eps_high = (
         eps if clip_eps_high is None else check_real(clip_eps_high, "clip_eps_high", low=0.0, low_open=True)
@@ -186,25 +219,27 @@ def policy_loss(
         keep, loss_agg, norm_constant, token_count, row_count
     )
     check_float(advantages, "advantages", shape=keep.shape)
-    adv = torch.where(keep, advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device))
-    adv = adv.to(log_ratio.dtype)
+    count = _count(keep, weights)
     ratio = torch.exp(log_ratio)
-    unclipped = ratio * adv
-    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps_high) * adv
-    objective = torch.minimum(unclipped, clipped)
-    if dual is not None:
-        dual_bound = dual * adv
-        dual_binds = (adv < 0) & (dual_bound > objective)
-        objective = torch.where(dual_binds, dual_bound, objective)
+    # The advantages zeroed off the mask by the weights (see _pair_kl), with where if that gives a
+    # non-finite sum below.
+    adv = advantages.to(log_ratio.dtype) * weights
+    unclipped, clipped, objective, dual_binds = _clip_objective(ratio, adv, eps, eps_high, dual)
     # Off the mask log_ratio = 0 and adv = 0 (both zeroed), so ratio = 1 and unclipped = clipped =
-    # objective = +0 there (the dual bound c * 0 = 0 does not bind): the token-mean sum and the
+    # objective = 0 there (the dual bound c * 0 = 0 does not bind): the token-mean sum and the
     # statistics below need no mask where that holds (the same numbers as masking them, with fewer
     # passes over the batch).
     objective_sum = objective.sum()
-    # An inf or NaN advantage on the mask makes its objective inf or NaN (ratio >= 0 and the clipped
-    # ratio > 0), so a finite sum proves the advantages finite; otherwise check them one by one.
     if not bool(torch.isfinite(objective_sum.detach())):
-        check_finite_where(advantages, keep, "advantages")
+        adv = torch.where(keep, advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device))
+        adv = adv.to(log_ratio.dtype)
+        unclipped, clipped, objective, dual_binds = _clip_objective(ratio, adv, eps, eps_high, dual)
+        objective_sum = objective.sum()
+        # An inf or NaN advantage on the mask makes its objective inf or NaN (ratio >= 0 and the
+        # clipped ratio > 0), so a finite sum proves the advantages finite; otherwise check them one
+        # by one.
+        if not bool(torch.isfinite(objective_sum.detach())):
+            check_finite_where(advantages, keep, "advantages")
     if loss_agg == "token-mean":
         denominator = tokens_total if tokens_total is not None else count.clamp(min=1)
         loss = -(objective_sum / denominator)
@@ -212,7 +247,7 @@ def policy_loss(
         loss = -aggregate(objective, keep, loss_agg, constant, tokens_total, rows_total)
     with torch.no_grad():
         tokens = count.clamp(min=1)
-        kept_ratio = torch.where(keep, ratio, zero)  # ratio is 1 off the mask: mask it for sum and max
+        kept_ratio = ratio * weights  # ratio is exactly 1 off the mask: 1 * 0 = +0, as where gives
         distance = ratio - 1.0  # |ρ - 1| > ε, exactly, when the range is symmetric
         outside = (distance > eps_high) | (distance < -eps)
         return PolicyLossResult(
@@ -223,9 +258,24 @@ def policy_loss(
             ratio_mean=kept_ratio.sum() / tokens,
             ratio_max=kept_ratio.amax() if ratio.numel() else zero,
             dual_clip_frac=(
-                torch.count_nonzero(dual_binds).to(ratio.dtype) / tokens if dual is not None else zero
+                torch.count_nonzero(dual_binds).to(ratio.dtype) / tokens if dual_binds is not None else zero
             ),
         )
+
+
+def _clip_objective(
+    ratio: Tensor, adv: Tensor, eps: float, eps_high: float, dual: float | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """PPO-Clip's per-token objective: ``(unclipped, clipped, objective, dual_binds)``, the last
+    None without a dual clip."""
+    unclipped = ratio * adv
+    clipped = torch.clamp(ratio, 1.0 - eps, 1.0 + eps_high) * adv
+    objective = torch.minimum(unclipped, clipped)
+    if dual is None:
+        return unclipped, clipped, objective, None
+    dual_bound = dual * adv
+    dual_binds = (adv < 0) & (dual_bound > objective)
+    return unclipped, clipped, torch.where(dual_binds, dual_bound, objective), dual_binds
 
 
 def value_loss(

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from ppo_ref._validate import check_finite_where, check_float, check_real, check_rows
-from ppo_ref.aggregation import _PER_ROW, _reduce, check_aggregation
-from ppo_ref.losses import _check_finite_pair, _pair
+from ppo_ref.aggregation import _PER_ROW, _count, _reduce, check_aggregation
+from ppo_ref.losses import _pair_kl
 from ppo_ref.masked import masked_sum
 
 __all__ = ["CISPOLossResult", "GSPOLossResult", "cispo_loss", "gspo_loss"]
@@ -69,22 +69,18 @@ def gspo_loss(
         >>> r.loss, r.clipfrac
         (tensor(-1.2000), tensor(1.))
     """
-    keep, _, log_ratio, zero = _pair(logp, old_logp, mask)
-    with torch.no_grad():
-        # k3 terms (+0 off the mask, where the log-ratio is +0): their sum is the approx-KL
-        # statistic and proves logp and old_logp finite (an inf or NaN log-ratio makes its term
-        # inf or NaN); only a non-finite sum needs the entry-by-entry checks.
-        kl_sum = torch.expm1(log_ratio).sub_(log_ratio).sum()
-    _check_finite_pair(kl_sum, logp, old_logp, keep)
+    # The k3 terms' sum (0 off the mask, where the log-ratio is 0) is the approx-KL statistic and
+    # proves logp and old_logp finite (an inf or NaN log-ratio makes its term inf or NaN).
+    keep, _, log_ratio, zero, kl_sum, weights = _pair_kl(logp, old_logp, mask)
     eps = check_real(clip_eps, "clip_eps", low=0.0, low_open=True)
     eps_high = (
         eps if clip_eps_high is None else check_real(clip_eps_high, "clip_eps_high", low=0.0, low_open=True)
     )
     _, _, rows_total = check_aggregation(keep, "seq-mean-token-mean", None, None, row_count)
     adv = check_rows(advantages, "advantages", keep.shape[0]).to(log_ratio.dtype)
-    row_tokens = keep.sum(dim=1)
+    row_tokens = _count(keep, weights, dim=1)
     nonempty = row_tokens > 0
-    # log_ratio is +0 off the mask, so its row sums are the masked row sums.
+    # log_ratio is 0 off the mask, so its row sums are the masked row sums.
     seq_log_ratio = log_ratio.sum(dim=1) / row_tokens.clamp(min=1)
     seq_ratio = torch.exp(seq_log_ratio)
     unclipped = seq_ratio * adv
@@ -159,12 +155,9 @@ def cispo_loss(
         >>> r.loss.backward(); r.loss.detach(), logp.grad
         (tensor(0.8318), tensor([[-1.2000]]))
     """
-    keep, kept_logp, log_ratio, zero = _pair(logp, old_logp, mask)
-    with torch.no_grad():
-        # k3 terms (+0 off the mask): the approx-KL statistic, and the proof that logp and
-        # old_logp are finite on the mask (see gspo_loss).
-        kl_sum = torch.expm1(log_ratio).sub_(log_ratio).sum()
-    _check_finite_pair(kl_sum, logp, old_logp, keep)
+    # k3 terms (0 off the mask): the approx-KL statistic, and the proof that logp and old_logp are
+    # finite on the mask (see gspo_loss).
+    keep, kept_logp, log_ratio, zero, kl_sum, weights = _pair_kl(logp, old_logp, mask)
     low = check_real(clip_low, "clip_low", low=0.0)
     high = check_real(clip_high, "clip_high", low=0.0)
     constant, tokens_total, rows_total = check_aggregation(
@@ -172,23 +165,26 @@ def cispo_loss(
     )
     check_float(advantages, "advantages", shape=keep.shape)
     dtype = log_ratio.dtype
-    adv = torch.where(keep, advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device))
-    adv = adv.to(dtype)
     with torch.no_grad():
         ratio = torch.exp(log_ratio)
         weight = torch.clamp(ratio, min=1.0 - low, max=1.0 + high)
-    # Off the mask adv = kept_logp = 0, so per_token is 0 there and its sums are the masked sums.
-    per_token = -weight * adv * kept_logp
-    row_sums = per_token.sum(dim=1) if loss_agg in _PER_ROW else None
-    total = per_token.sum() if row_sums is None else row_sums.sum()
-    # An inf or NaN advantage on the mask makes its term inf or NaN (the weight and logp are finite
-    # there), so a finite sum proves the advantages finite; otherwise check them one by one.
+    # The advantages zeroed off the mask by the weights (see _pair_kl); where if the sum is not
+    # finite. Off the mask adv = kept_logp = 0, so per_token is 0 there and its sums are the
+    # masked sums.
+    adv = advantages.to(dtype) * weights
+    row_sums, total = _cispo_terms(weight, adv, kept_logp, loss_agg)
     if not bool(torch.isfinite(total.detach())):
-        check_finite_where(advantages, keep, "advantages")
-    loss = _reduce(keep, loss_agg, constant, tokens_total, rows_total, total, row_sums)
+        adv = torch.where(keep, advantages, torch.zeros((), dtype=advantages.dtype, device=advantages.device))
+        row_sums, total = _cispo_terms(weight, adv.to(dtype), kept_logp, loss_agg)
+        # An inf or NaN advantage on the mask makes its term inf or NaN (the weight and logp are
+        # finite there), so a finite sum proves the advantages finite; otherwise check them one by
+        # one.
+        if not bool(torch.isfinite(total.detach())):
+            check_finite_where(advantages, keep, "advantages")
+    loss = _reduce(keep, loss_agg, constant, tokens_total, rows_total, total, row_sums, weights)
     with torch.no_grad():
-        tokens = torch.count_nonzero(keep).clamp(min=1)
-        kept_ratio = torch.where(keep, ratio, zero)
+        tokens = _count(keep, weights).clamp(min=1)
+        kept_ratio = ratio * weights  # ratio is exactly 1 off the mask: 1 * 0 = +0, as where gives
         # Off the mask ratio = 1 = weight (1 is inside [1 - low, 1 + high]): no mask needed.
         return CISPOLossResult(
             loss=loss,
@@ -197,3 +193,13 @@ def cispo_loss(
             ratio_max=kept_ratio.amax() if ratio.numel() else zero,
             approx_kl=kl_sum / tokens,
         )
+
+
+def _cispo_terms(
+    weight: Tensor, adv: Tensor, kept_logp: Tensor, loss_agg: str
+) -> tuple[Tensor | None, Tensor]:
+    """The row sums (per-row modes) and the sum of CISPO's per-token terms ``-w A log pi``."""
+    per_token = -weight * adv * kept_logp
+    row_sums = per_token.sum(dim=1) if loss_agg in _PER_ROW else None
+    total = per_token.sum() if row_sums is None else row_sums.sum()
+    return row_sums, total

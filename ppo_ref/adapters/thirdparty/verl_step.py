@@ -7,7 +7,8 @@ Every run goes through verl's own trainer code, in this process, on the CPU:
   ``verl.utils.model.compute_position_id_with_mask``, ``uid``); the scores are placed on each row's
   last response token by verl's ``DAPORewardManager`` (overlong buffer off: the naive manager's
   placement) and turned into group advantages by ``ray_trainer.compute_advantage`` (GRPO);
-- the old log-probs come from ``RayPPOTrainer._compute_old_log_prob`` and the update from
+- the old log-probs come from ``RayPPOTrainer._compute_old_log_prob`` (one forward of the whole
+  batch: ``infer_micro_batch_size_per_gpu`` = B, whatever the update's split) and the update from
   ``RayPPOTrainer._update_actor`` (both called with this runner as their worker group), which run
   ``TrainingWorker.infer_batch`` / ``TrainingWorker.train_mini_batch`` -> ``train_batch`` ->
   ``FSDPEngine.train_batch``: ``left_right_2_no_padding``, the global token count and ``dp_size``
@@ -18,7 +19,9 @@ Every run goes through verl's own trainer code, in this process, on the CPU:
 - The engine is verl's ``FSDPEngineWithLMHead`` with FSDP2 (``fully_shard``) over a gloo process
   group of world size 1, fp32 parameters and compute (``mixed_precision`` fp32), no padding removal
   (the path verl takes without flash-attn), eager attention, no torch.compile; the model a tiny
-  ``Qwen2ForCausalLM`` built from a fixed seed and saved to a temporary directory.
+  ``Qwen2ForCausalLM`` built from a fixed seed and saved to a temporary directory (GPT-2 does not
+  load: verl's ``apply_monkey_patch`` reads ``num_key_value_heads``). A rotary model does not see a
+  uniform shift of positions, but verl passes position ids (``cumsum(mask) - 1``) in any case.
 
 Two things stand in for the hardware verl expects, through verl's own extension points: a CPU
 platform registered with ``verl.plugin.platform.platform_manager.set_platform`` (verl ships CUDA,

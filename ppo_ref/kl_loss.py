@@ -70,9 +70,15 @@ def kl_loss(
     weights = mask_weights(keep, dtype)
     # (logp - ref_logp) * weights: on the mask the same difference as zeroing each input with
     # where first; off it a zero (of either sign), unless an input is inf or NaN there: the sum
-    # below is then non-finite and the computation is redone with where, as before.
-    delta = (logp.to(dtype) - ref_logp.to(dtype)) * weights
-    row_sums, total = _terms(delta, estimator, loss_agg)
+    # is then non-finite and the computation is redone with where, as before.
+    if estimator == "k1":
+        row_sums, total = _sums((logp.to(dtype) - ref_logp.to(dtype)) * weights, loss_agg)
+    else:
+        # k2 and k3 read -delta, computed as (ref_logp - logp) * weights: a - b = -(b - a) exactly,
+        # so these are the same numbers, gradients included, without a pass to negate delta.
+        row_sums, total = _sums(
+            _even_terms((ref_logp.to(dtype) - logp.to(dtype)) * weights, estimator), loss_agg
+        )
     if not bool(torch.isfinite(total.detach())):
         zero = torch.zeros((), dtype=dtype, device=keep.device)
         delta = torch.where(keep, logp.to(dtype), zero) - torch.where(keep, ref_logp.to(dtype), zero)
@@ -85,6 +91,24 @@ def kl_loss(
             check_finite_where(logp, keep, "logp")
             check_finite_where(ref_logp, keep, "ref_logp")
     return _reduce(keep, loss_agg, constant, tokens_total, rows_total, total, row_sums, weights)
+
+
+def _even_terms(neg_delta: Tensor, estimator: str) -> Tensor:
+    """The k2, k3 or k3+ terms from ``-delta``: ``k3 = expm1(-delta) - (-delta)``, ``k2 =
+    0.5 (-delta)^2`` (the same numbers as from ``delta``, rounding being symmetric)."""
+    if estimator == "k2":
+        return 0.5 * neg_delta * neg_delta
+    k3 = torch.expm1(neg_delta) - neg_delta
+    if estimator == "k3":
+        return k3
+    k2 = 0.5 * neg_delta * neg_delta
+    return k3.detach() + (k2 - k2.detach())
+
+
+def _sums(per_token: Tensor, loss_agg: str) -> tuple[Tensor | None, Tensor]:
+    """The row sums (per-row modes, else None) and the sum of ``per_token``."""
+    row_sums = per_token.sum(dim=1) if loss_agg in _PER_ROW else None
+    return row_sums, per_token.sum() if row_sums is None else row_sums.sum()
 
 
 def _terms(delta: Tensor, estimator: str, loss_agg: str) -> tuple[Tensor | None, Tensor]:
@@ -100,6 +124,4 @@ def _terms(delta: Tensor, estimator: str, loss_agg: str) -> tuple[Tensor | None,
         else:  # k3+: k3's value, k2's gradient
             k2 = 0.5 * delta * delta
             per_token = k3.detach() + (k2 - k2.detach())
-    row_sums = per_token.sum(dim=1) if loss_agg in _PER_ROW else None
-    total = per_token.sum() if row_sums is None else row_sums.sum()
-    return row_sums, total
+    return _sums(per_token, loss_agg)

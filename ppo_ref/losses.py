@@ -106,18 +106,22 @@ def _pair_kl(
     statistic, +0 off the mask), the proof that ``logp`` and ``old_logp`` are finite on the mask
     (:func:`_check_finite_pair` with that sum), and the mask as 0/1 weights in the compute dtype.
 
-    Returns ``(keep, kept_logp, log_ratio, zero, kl_sum, weights)``. The inputs are zeroed off the
-    mask by multiplying with the weights (the same numbers as ``where`` while they are finite, see
-    :func:`ppo_ref.aggregation.zero_off`); a non-finite sum (an inf or NaN anywhere, off the mask
-    included) redoes :func:`_pair` with ``where`` and checks the inputs entry by entry.
+    Returns ``(keep, kept_logp, log_ratio, zero, kl_sum, weights)``. The log-ratio is zeroed off
+    the mask by multiplying with the weights, ``(logp - old_logp) * weights``: on the mask the same
+    numbers as zeroing each input with ``where`` first, off it a zero (of either sign) while the
+    inputs are finite there (see :func:`ppo_ref.aggregation.zero_off`). An inf or NaN anywhere, off
+    the mask included, makes the k3 sum non-finite; that redoes :func:`_pair` with ``where`` and
+    checks the inputs entry by entry. So on the fast path both inputs are finite everywhere, and
+    ``kept_logp`` is ``logp`` in the compute dtype, not zeroed (a caller multiplies it by something
+    zeroed off the mask); on the fallback it is :func:`_pair`'s, zeroed.
     """
     keep = check_mask(mask)
     check_float(logp, "logp", shape=keep.shape)
     check_float(old_logp, "old_logp", shape=keep.shape)
     dtype = compute_dtype(logp, old_logp)
     weights = mask_weights(keep, dtype)
-    kept_logp = logp.to(dtype) * weights
-    log_ratio = kept_logp - old_logp.to(dtype) * weights
+    kept_logp = logp.to(dtype)
+    log_ratio = (kept_logp - old_logp.to(dtype)) * weights
     with torch.no_grad():
         kl_sum = torch.expm1(log_ratio).sub_(log_ratio).sum()
     if bool(torch.isfinite(kl_sum)):

@@ -169,8 +169,8 @@ def cispo_loss(
         ratio = torch.exp(log_ratio)
         weight = torch.clamp(ratio, min=1.0 - low, max=1.0 + high)
     # The advantages zeroed off the mask by the weights (see _pair_kl); where if the sum is not
-    # finite. Off the mask adv = kept_logp = 0, so per_token is 0 there and its sums are the
-    # masked sums.
+    # finite. Off the mask adv = 0 and kept_logp is finite (or 0, from _pair_kl's fallback), so
+    # per_token is 0 there and its sums are the masked sums.
     adv = advantages.to(dtype) * weights
     row_sums, total = _cispo_terms(weight, adv, kept_logp, loss_agg)
     if not bool(torch.isfinite(total.detach())):
@@ -198,8 +198,13 @@ def cispo_loss(
 def _cispo_terms(
     weight: Tensor, adv: Tensor, kept_logp: Tensor, loss_agg: str
 ) -> tuple[Tensor | None, Tensor]:
-    """The row sums (per-row modes) and the sum of CISPO's per-token terms ``-w A log pi``."""
-    per_token = -weight * adv * kept_logp
-    row_sums = per_token.sum(dim=1) if loss_agg in _PER_ROW else None
-    total = per_token.sum() if row_sums is None else row_sums.sum()
-    return row_sums, total
+    """The row sums (per-row modes) and the sum of CISPO's per-token terms ``-w A log pi``.
+
+    Computed as ``0 - sum(w A log pi)``: rounding is symmetric, so this is ``sum(-w A log pi)``
+    bit for bit (a zero sum is +0 both ways), gradient included, without a pass to negate ``w``.
+    """
+    per_token = weight * adv * kept_logp
+    if loss_agg in _PER_ROW:
+        row_sums = 0.0 - per_token.sum(dim=1)
+        return row_sums, row_sums.sum()
+    return None, 0.0 - per_token.sum()

@@ -77,14 +77,38 @@ for kwargs in ({"loss_mode": "bnpo"}, {"loss_mode": "token-mean", "micro_batches
     except ValueError as error:
         errors.append(str(error).split(":")[0])
 out["errors"] = errors
+import torch
+from transformers import Qwen2ForCausalLM
+runner = VerlStep()
+model = Qwen2ForCausalLM.from_pretrained(runner._model_path(batch.vocab_size), attn_implementation="eager")
+scores = torch.tensor(batch.scores).view(-1, batch.group_size)
+adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)).flatten()
+tokens = sum(len(c) for c in batch.completions)
+for mode in ("token-mean", "seq-mean-token-mean"):
+    verl = runner.run(batch, loss_mode=mode)
+    model.zero_grad()
+    loss = 0.0
+    for i, c in enumerate(batch.completions):
+        ids = torch.tensor([list(batch.prompt_ids[i // batch.group_size]) + list(c)])
+        logits = model(ids).logits[0, len(batch.prompt_ids[0]) - 1 : -1]
+        logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c).view(-1, 1)).squeeze(-1)
+        terms = adv[i] * logp
+        share = terms.sum() / tokens if mode == "token-mean" else terms.mean() / batch.size
+        loss = loss - share
+    loss.backward()
+    diff = max(float((p.grad.double() - verl.gradient[n]).abs().max()) for n, p in model.named_parameters())
+    out["independent_" + mode] = diff / max(float(g.abs().max()) for g in verl.gradient.values())
 print("RESULT" + json.dumps(out))
 """
 
 
-def test_verl_constant_normaliser_removes_the_width_dependence() -> None:
-    """With ``actor.loss_scale_factor`` set to the budget (verl's documented remedy), extra completion
-    columns leave the ``seq-mean-token-sum-norm`` gradient unchanged, and it equals the default's at
-    the width verl's rollout pads to (``rollout.response_length`` = the budget)."""
+def test_verl_step_gradient_and_constant_normaliser() -> None:
+    """verl's step-0 token-mean gradient is ``-(1/N) sum A_t grad logp_t`` and its seq-mean-token-mean
+    gradient ``-(1/B) sum_i mean_t A_i grad logp_t``, computed here independently on the same model
+    with verl's GRPO advantages (group mean, unbiased std + 1e-6), to float32 rounding. With
+    ``actor.loss_scale_factor`` set to the budget (verl's documented remedy), extra completion columns
+    leave the ``seq-mean-token-sum-norm`` gradient unchanged, and it equals the default's at the width
+    verl's rollout pads to (``rollout.response_length`` = the budget)."""
     done = subprocess.run(
         [str(_python()), "-c", CHECK], cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=600
     )
@@ -95,3 +119,5 @@ def test_verl_constant_normaliser_removes_the_width_dependence() -> None:
     assert result["constant_equals_default_at_budget_width"] < 1e-6, result
     assert result["sgd_step"] == 1.0, result
     assert result["errors"] == ["loss_mode", "micro_batches"], result
+    assert result["independent_token-mean"] < 1e-5, result
+    assert result["independent_seq-mean-token-mean"] < 1e-5, result

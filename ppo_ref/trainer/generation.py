@@ -142,6 +142,7 @@ def generate(
     all_ended: Callable[[bool], bool] | None = None,
     return_logprobs: bool = False,
     return_entropy: bool = False,
+    inference_mode: bool = True,
 ) -> Generated:
     """Sample up to ``uniforms.shape[1]`` tokens per left-padded prompt, stopping each row at its first EOS.
 
@@ -154,61 +155,72 @@ def generate(
     distribution (:func:`sampling_logprob`), the rollout log-probs of an importance correction
     (or, when the sampler draws from the trained distribution itself, the old log-probs);
     ``return_entropy`` the entropy of ``softmax(logits / temperature)`` at each step
-    (``ppo_ref.entropy``, before top-k / top-p).
+    (``ppo_ref.entropy``, before top-k / top-p); both are computed once after the loop from the
+    kept step logits, 0 after the first EOS. The loop runs under ``torch.inference_mode`` (the
+    same kernels, less dispatch work per step) unless ``inference_mode=False`` (parameters
+    sharded over processes, whose gathering must not run in inference mode); every returned
+    tensor is an ordinary one.
     """
     batch, steps = uniforms.shape
     if steps < 1:
         raise ValueError(f"uniforms: expected at least one column (max_new_tokens >= 1), got {steps}")
     if not bool(prompt_mask[:, -1].all()):
         raise ValueError("prompt_mask: expected left-padded prompts (the last column real in every row)")
-    attention_mask = prompt_mask.long()
-    position_ids = position_ids_from_mask(attention_mask)
-    next_position = position_ids[:, -1:] + 1
-    extra = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
-    output = call_model(
-        model,
-        input_ids=prompt_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=True,
-        **extra,
-    )
-    finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
-    pad = torch.full((batch,), pad_id, dtype=torch.long, device=prompt_ids.device)
-    one = torch.ones(batch, 1, dtype=torch.long, device=prompt_ids.device)
     tokens: list[Tensor] = []
-    logprobs: list[Tensor] = []
-    entropies: list[Tensor] = []
-    for step in range(steps):
-        token = sample_from_logits(output.logits[:, -1], uniforms[:, step], temperature, top_k, top_p)
-        if return_logprobs:
-            logprob = sampling_logprob(output.logits[:, -1], token, temperature, top_k, top_p)
-            logprobs.append(torch.where(finished, torch.zeros_like(logprob), logprob))
-        if return_entropy:
-            spread = entropy(output.logits[:, -1:] / temperature).squeeze(1)
-            entropies.append(torch.where(finished, torch.zeros_like(spread), spread))
-        token = torch.where(finished, pad, token)
-        tokens.append(token)
-        finished = finished | (token == eos_id)
-        done = bool(finished.all())
-        if all_ended is not None:
-            done = all_ended(done)
-        if step == steps - 1 or done:
-            break
-        attention_mask = torch.cat([attention_mask, one], dim=1)
+    step_logits: list[Tensor] = []  # (B, V) each, kept only for the log-probs and entropies
+    keep_logits = return_logprobs or return_entropy
+    with torch.inference_mode(inference_mode):
+        attention_mask = prompt_mask.long()
+        position_ids = position_ids_from_mask(attention_mask)
+        next_position = position_ids[:, -1:] + 1
+        extra = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
         output = call_model(
             model,
-            input_ids=token.unsqueeze(1),
+            input_ids=prompt_ids,
             attention_mask=attention_mask,
-            position_ids=next_position,
-            cache=output_cache(output),
+            position_ids=position_ids,
             use_cache=True,
+            **extra,
         )
-        next_position = next_position + 1
+        finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+        pad = torch.full((batch,), pad_id, dtype=torch.long, device=prompt_ids.device)
+        one = torch.ones(batch, 1, dtype=torch.long, device=prompt_ids.device)
+        for step in range(steps):
+            logits = output.logits[:, -1]
+            if keep_logits:
+                step_logits.append(logits)
+            token = torch.where(
+                finished, pad, sample_from_logits(logits, uniforms[:, step], temperature, top_k, top_p)
+            )
+            tokens.append(token)
+            finished = finished | (token == eos_id)
+            done = bool(finished.all())
+            if all_ended is not None:
+                done = all_ended(done)
+            if step == steps - 1 or done:
+                break
+            attention_mask = torch.cat([attention_mask, one], dim=1)
+            output = call_model(
+                model,
+                input_ids=token.unsqueeze(1),
+                attention_mask=attention_mask,
+                position_ids=next_position,
+                cache=output_cache(output),
+                use_cache=True,
+            )
+            next_position = next_position + 1
+    # Outside inference mode: ordinary tensors, which later forwards with gradients may save.
     response_ids = torch.stack(tokens, dim=1)
     response_mask, ended = first_eos_mask(response_ids, eos_id)
-    sampled = torch.stack(logprobs, dim=1) if return_logprobs else None
-    spreads = torch.stack(entropies, dim=1) if return_entropy else None
+    sampled = spreads = None
+    if keep_logits:  # once for all steps: (B, N, V), the size of the forward's logits it replaces
+        every = torch.stack(step_logits, dim=1)
+        zero = torch.zeros((), device=every.device)
+        if return_logprobs:
+            flat = sampling_logprob(every.flatten(0, 1), response_ids.flatten(), temperature, top_k, top_p)
+            sampled = torch.where(response_mask, flat.view(response_ids.shape), zero.double())
+        if return_entropy:
+            spreads = torch.where(response_mask, entropy(every / temperature), zero)
     return Generated(
         response_ids=response_ids, response_mask=response_mask, ended=ended, logprobs=sampled, entropy=spreads
     )

@@ -250,6 +250,7 @@ def _generate(
             all_ended=all_ended,
             return_logprobs=with_logprobs,
             return_entropy=with_entropy,
+            inference_mode=not state.parallel.sharded_parameters,
         ),
     )
     width = max(p.response_ids.shape[1] for p in pieces)

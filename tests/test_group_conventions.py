@@ -47,3 +47,14 @@ def test_constant_groups_rounding_bounds_the_mean_rounding_and_the_reference_sta
         parse_conventions({"constant_groups": "approximately"})
     with pytest.raises(ValueError, match="group_size"):
         constant_group_bound(scores, 0)
+
+
+def test_the_verl_adapter_passes_the_engines_row_count_for_the_dr_grpo_mode_only() -> None:
+    from ppo_ref.adapters.thirdparty.verl_family import engine_row_count
+
+    mask = torch.tensor([[1, 1], [0, 0], [1, 0]])  # one row without an action token
+    assert engine_row_count(mask, "seq-mean-token-sum-norm", None) == 3  # B: every row, as verl's engine
+    assert engine_row_count(mask, "seq-mean-token-sum-norm", 8) == 8  # a whole-batch count wins
+    for loss_agg in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        assert engine_row_count(mask, loss_agg, None) is None  # verl counts R itself
+    assert engine_row_count(torch.zeros(0, 2), "seq-mean-token-sum-norm", None) is None

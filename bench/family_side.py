@@ -783,6 +783,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         PPO_REF_BENCH_THREADS=str(args.threads),
         OMP_WAIT_POLICY=args.omp_wait_policy,
     )
+    if args.malloc_keep:
+        # glibc otherwise hands a 2 MiB temporary's pages back to the kernel when it is freed and
+        # faults fresh ones in for the next: thousands of page faults per call, several times the
+        # arithmetic at these shapes, and their number depends on each implementation's
+        # allocation order, not its arithmetic (bench/PERF-NOTES.md).
+        env.update(MALLOC_TRIM_THRESHOLD_=str(2**30), MALLOC_MMAP_THRESHOLD_=str(2**25))
     log_path = Path(args.log)
     started = time.time()
     loads = {"start": _load()}
@@ -820,6 +826,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         "shapes": (SMALL if args.small else FULL).__dict__,
         "threads": args.threads,
         "omp_wait_policy": args.omp_wait_policy,
+        "malloc_keep": bool(args.malloc_keep),
         "rounds": args.rounds,
         "load": loads,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.platform()}",
@@ -952,6 +959,11 @@ def section(reports: list[dict[str, Any]]) -> str:
             f"{report['seconds']:.0f} s, load average (1/5/15 min) at the start "
             f"{'/'.join(f'{v:.1f}' for v in load['start'])}, at "
             f"the end {'/'.join(f'{v:.1f}' for v in load['end'])}"
+            + (
+                ", `--malloc-keep` (glibc keeps freed memory: no page faults for fresh temporaries)"
+                if report.get("malloc_keep")
+                else ""
+            )
         )
     differences: dict[str, float] = {}
     for result in first["results"].values():
@@ -1059,6 +1071,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-reps", type=int, default=25)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--omp-wait-policy", default="PASSIVE")
+    parser.add_argument(
+        "--malloc-keep",
+        action="store_true",
+        help="every worker's glibc malloc keeps freed memory (MALLOC_TRIM_THRESHOLD_ and _MMAP_THRESHOLD_)",
+    )
     parser.add_argument(
         "--only", nargs="*", default=[], help="library sides to run (default: every built one)"
     )

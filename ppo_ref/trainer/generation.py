@@ -172,15 +172,12 @@ def generate(
     with torch.inference_mode(inference_mode):
         attention_mask = prompt_mask.long()
         position_ids = position_ids_from_mask(attention_mask)
-        # Without padding the mask is all ones, which the model turns into no mask at all: pass
-        # none and skip growing it every step (the same attention, less work per step).
-        unpadded = bool(prompt_mask.all())
         next_position = position_ids[:, -1:] + 1
         extra = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
         output = call_model(
             model,
             input_ids=prompt_ids,
-            attention_mask=None if unpadded else attention_mask,
+            attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=True,
             **extra,
@@ -202,12 +199,11 @@ def generate(
                 done = all_ended(done)
             if step == steps - 1 or done:
                 break
-            if not unpadded:
-                attention_mask = torch.cat([attention_mask, one], dim=1)
+            attention_mask = torch.cat([attention_mask, one], dim=1)
             output = call_model(
                 model,
                 input_ids=token.unsqueeze(1),
-                attention_mask=None if unpadded else attention_mask,
+                attention_mask=attention_mask,
                 position_ids=next_position,
                 cache=output_cache(output),
                 use_cache=True,

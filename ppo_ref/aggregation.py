@@ -147,14 +147,12 @@ def aggregate_loss(
     # entries (the row sums' sum in the per-row modes) proves them finite; only a non-finite one
     # needs the entry-by-entry look of check_finite_where.
     weights = mask_weights(keep, per_token.dtype)
-    zeroed = per_token * weights  # where(keep, per_token, 0) while per_token is finite (see zero_off)
-    row_sums = zeroed.sum(dim=1) if loss_agg in _PER_ROW else None
-    total = zeroed.sum() if row_sums is None else row_sums.sum()
+    # where(keep, per_token, 0) while per_token is finite (see mask_weights)
+    row_sums, total = _sums(per_token * weights, loss_agg)
     if not bool(torch.isfinite(total.detach())):
         # An inf or NaN somewhere (allowed off the mask, where 0 * inf = NaN): zero with where.
-        zeroed = torch.where(keep, per_token, torch.zeros((), dtype=per_token.dtype, device=per_token.device))
-        row_sums = zeroed.sum(dim=1) if loss_agg in _PER_ROW else None
-        total = zeroed.sum() if row_sums is None else row_sums.sum()
+        zero = torch.zeros((), dtype=per_token.dtype, device=per_token.device)
+        row_sums, total = _sums(torch.where(keep, per_token, zero), loss_agg)
         if not bool(torch.isfinite(total.detach())):
             check_finite_where(per_token, keep, "per_token")
     constant, tokens, rows = check_aggregation(keep, loss_agg, norm_constant, token_count, row_count)
@@ -183,26 +181,23 @@ _PER_ROW = ("seq-mean-token-mean", "seq-mean-token-sum")
 
 def mask_weights(keep: Tensor, dtype: torch.dtype) -> Tensor:
     """The bool mask ``keep`` as 0/1 in ``dtype``, through uint8: the same numbers as
-    ``keep.to(dtype)``, whose bool-to-float cast took 5-7x longer on the CPU (torch 2.13)."""
+    ``keep.to(dtype)``, whose bool-to-float cast took 5-7x longer on the CPU (torch 2.13).
+
+    Multiplying by these weights zeroes a tensor off the mask as ``where(keep, x, 0)`` does while
+    every entry of ``x`` is finite (``x * 1 = x``; ``x * 0`` is a zero, ``-0.0`` for negative ``x``,
+    and torch's sums give +0 for zeros of either sign), at a third to a quarter of the cost of a
+    ``where`` on a bool mask; the gradient ``g * weights`` equals ``where(keep, g, 0)`` up to the
+    sign of its zeros. An inf or NaN anywhere, off the mask included (``0 * inf = NaN``), makes the
+    sum non-finite, and the callers then redo the zeroing with ``where``.
+    """
     return keep.view(torch.uint8).to(dtype)
 
 
-def zero_off(x: Tensor, keep: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
-    """``(where(keep, x, 0), its sum)``, computed as ``x * weights`` when that is exact.
-
-    ``weights`` is :func:`mask_weights` of ``keep`` in ``x``'s dtype. While every entry of ``x`` is
-    finite, ``x * weights`` holds the same numbers as ``where`` (``x * 1 = x``; ``x * 0`` is a zero,
-    ``-0.0`` for negative ``x``, and torch's sums give +0 for zeros of either sign), and one float
-    multiply costs a third to a quarter of a ``where`` on a bool mask. A non-finite sum (an inf or
-    NaN anywhere, off the mask included, where ``0 * inf = NaN``) redoes the zeroing with ``where``.
-    The gradient ``g * weights`` equals ``where(keep, g, 0)`` up to the sign of its zeros.
-    """
-    zeroed = x * weights
-    total = zeroed.sum()
-    if not bool(torch.isfinite(total.detach())):
-        zeroed = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device))
-        total = zeroed.sum()
-    return zeroed, total
+def _sums(per_token: Tensor, loss_agg: str) -> tuple[Tensor | None, Tensor]:
+    """The row sums of ``per_token`` (the per-row modes, else None) and its total, the row sums'
+    sum in the per-row modes (what :func:`_reduce` takes)."""
+    row_sums = per_token.sum(dim=1) if loss_agg in _PER_ROW else None
+    return row_sums, per_token.sum() if row_sums is None else row_sums.sum()
 
 
 _EXACT_COUNT = {torch.float32: 2**24, torch.float64: 2**53}

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from ppo_ref._validate import check_finite_where, check_float, check_mask, compute_dtype
-from ppo_ref.aggregation import _PER_ROW, _reduce, check_aggregation, mask_weights
+from ppo_ref.aggregation import _reduce, _sums, check_aggregation, mask_weights
 
 __all__ = ["KL_LOSS_ESTIMATORS", "KLLossEstimator", "kl_loss"]
 
@@ -103,12 +103,6 @@ def _even_terms(neg_delta: Tensor, estimator: str) -> Tensor:
         return k3
     k2 = 0.5 * neg_delta * neg_delta
     return k3.detach() + (k2 - k2.detach())
-
-
-def _sums(per_token: Tensor, loss_agg: str) -> tuple[Tensor | None, Tensor]:
-    """The row sums (per-row modes, else None) and the sum of ``per_token``."""
-    row_sums = per_token.sum(dim=1) if loss_agg in _PER_ROW else None
-    return row_sums, per_token.sum() if row_sums is None else row_sums.sum()
 
 
 def _terms(delta: Tensor, estimator: str, loss_agg: str) -> tuple[Tensor | None, Tensor]:

@@ -109,7 +109,7 @@ def _pair_kl(
     Returns ``(keep, kept_logp, log_ratio, zero, kl_sum, weights)``. The log-ratio is zeroed off
     the mask by multiplying with the weights, ``(logp - old_logp) * weights``: on the mask the same
     numbers as zeroing each input with ``where`` first, off it a zero (of either sign) while the
-    inputs are finite there (see :func:`ppo_ref.aggregation.zero_off`). An inf or NaN anywhere, off
+    inputs are finite there (see :func:`ppo_ref.aggregation.mask_weights`). An inf or NaN anywhere, off
     the mask included, makes the k3 sum non-finite; that redoes :func:`_pair` with ``where`` and
     checks the inputs entry by entry. So on the fast path both inputs are finite everywhere, and
     ``kept_logp`` is ``logp`` in the compute dtype, not zeroed (a caller multiplies it by something

@@ -357,6 +357,13 @@ class TrainerConfig:
         return self.kl_coef > 0 or self.adaptive_kl
 
     @property
+    def uses_kl_loss(self) -> bool:
+        """Whether stage 7's loss has a KL term: ``kl_in = "loss"`` and a reference forward
+        (:attr:`uses_reference_forward`); with ``kl_coef = 0``, fixed, there is no term and no
+        ``kl_loss`` metric."""
+        return self.kl_in == "loss" and self.uses_reference_forward
+
+    @property
     def old_logprobs_from_sampler(self) -> bool:
         """Whether the old log-probs are the sampler's own log-probs of its tokens, with no stage-4
         forward of the policy (the critic-free on-policy case, as TRL's ``num_iterations = 1``).

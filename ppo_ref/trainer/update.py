@@ -153,7 +153,7 @@ def minibatch_backward(
     result = MinibatchResult(tokens=int(whole.tokens))
     if result.tokens == 0:
         return result
-    kl_in_loss = config.kl_in == "loss" and config.uses_reference_forward  # no term when kl_coef is 0
+    kl_in_loss = config.uses_kl_loss  # no term when kl_coef is 0
     if kl_in_loss and batch.ref_logprobs is None:
         raise ValueError("batch: kl_in = 'loss' needs the reference log-probs (batch.ref_logprobs)")
     aggregation = whole.keywords(config.loss_agg, config.loss_norm_constant)
@@ -384,7 +384,7 @@ def ppo_update(
         # The optional terms' statistics exist only in runs that use them.
         if config.dual_clip is not None:
             stats.dual_clip_frac = sum(m.dual_clip_frac for m in done) / len(done)
-        if config.kl_in == "loss" and config.uses_reference_forward:
+        if config.uses_kl_loss:
             stats.kl_loss = sum(m.kl_loss for m in done) / len(done)
         stats.ratio_max = max(m.ratio_max for m in done)
         stats.grad_norm_policy = sum(policy_norms) / len(policy_norms)

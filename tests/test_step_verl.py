@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.thirdparty_env import thirdparty_python
+
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED_FAILURES = {
     "test_step3_extra_completion_padding",
@@ -32,10 +34,7 @@ ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
 def _python() -> Path:
-    python = REPO / ".envs" / "verl" / "bin" / "python"
-    if not python.exists():
-        pytest.skip("no .envs/verl (build it with python tools/thirdparty_envs.py verl)")
-    return python
+    return thirdparty_python("verl")  # skips where .envs/verl is missing; fails under PPO_REF_REQUIRE_ENVS=1
 
 
 def test_step_tier_verdicts_of_verl() -> None:

@@ -1,7 +1,8 @@
 """The ``ppo-ref`` command, kept importable here: it lives with the trainer, in :mod:`ppo_ref.trainer.cli`.
 
-``ppo_ref.cli:main`` (the installed script's entry point) and ``python -m ppo_ref.cli`` (torchrun,
-``accelerate launch``) both run it.
+The installed script's entry point, ``ppo_ref_entry:main``, sets the CPU thread policy before torch
+loads and then calls :func:`main`; ``python -m ppo_ref.cli`` (torchrun, ``accelerate launch``, which
+set ``OMP_NUM_THREADS`` themselves) runs it directly.
 """
 
 from __future__ import annotations

@@ -332,10 +332,22 @@ def _preprocess(argv: Sequence[str]) -> list[str]:
     return result
 
 
+def _apply_threads(threads: int | None) -> None:
+    """Set torch's thread count to ``threads`` (None and 0: as the process started, which the
+    ``ppo-ref`` entry point, ``ppo_ref_entry``, decided before torch loaded) and say what is in force."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    policy = os.environ.get("OMP_WAIT_POLICY", "OpenMP's default")
+    _say(f"CPU threads: {torch.get_num_threads()} (OMP_WAIT_POLICY {policy}; --threads N to change)")
+
+
 def _train(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         config, user_fields = resolve_config(args)
+        _apply_threads(config.threads)
         from ppo_ref.trainer.setup import check_paths
 
         check_paths(config)

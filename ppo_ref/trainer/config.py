@@ -201,6 +201,10 @@ class TrainerConfig:
     """Write a checkpoint to OUT/checkpoints/iter-NNNNNN every K iterations (0 = only the last one)."""
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"
     """Model forwards in bf16 autocast ('auto' = bf16 on CUDA, float32 on CPU); PPO math stays float32."""
+    threads: int | None = None
+    """CPU threads of the ppo-ref command (torch intra-op; 0 = torch's default, one per core; None =
+    OMP_NUM_THREADS if set, else 1). Set before torch loads, with OMP_WAIT_POLICY=PASSIVE at one
+    thread (ppo_ref_entry); PPOTrainer used from Python leaves the process's setting alone."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -213,6 +217,7 @@ class TrainerConfig:
             _require(getattr(self, name) >= 1, name, "an int >= 1")
         for name in ("seed", "top_k", "max_nonfinite_steps", "audit_samples", "save_every"):
             _require(getattr(self, name) >= 0, name, "an int >= 0")
+        _require(self.threads is None or self.threads >= 0, "threads", "an int >= 0 or None")
         _require(self.eval_samples >= 1, "eval_samples", "an int >= 1")
         for name in ("forward_batch_size", "micro_batch_size"):
             value = getattr(self, name)
@@ -431,7 +436,7 @@ _UNUSED_BECAUSE: dict[str, str] = {
 
 RESUME_MUTABLE_FIELDS: frozenset[str] = frozenset(
     {"iterations", "out", "save_every", "tensorboard", "progress_bar", "plots", "audit_samples"}
-    | {"max_nonfinite_steps", "on_bad_score"}
+    | {"max_nonfinite_steps", "on_bad_score", "threads"}
 )
 """Fields a resumed run may set differently from its checkpoint; the others determine the run's
 math and must stay as they were (``on_bad_score`` may change so that a run stopped by a bad score

@@ -31,4 +31,6 @@ def test_rounds_must_be_positive() -> None:
 
 @pytest.mark.slow
 def test_one_quick_run_of_the_default_policy() -> None:
-    assert thread_policy.run_once("default", quick=True) > 0
+    seconds, (initial, final) = thread_policy.run_once("default", quick=True)
+    assert seconds > 0
+    assert -1.0 <= initial <= 1.0 and -1.0 <= final <= 1.0  # the default task's score range

@@ -67,8 +67,9 @@ def _clean_env(extra: dict[str, str]) -> dict[str, str]:
     return {**env, **extra}
 
 
-def run_once(policy: str, quick: bool) -> float:
-    """Wall seconds of one ``ppo-ref train`` at the defaults under ``policy``."""
+def run_once(policy: str, quick: bool) -> tuple[float, list[float]]:
+    """Wall seconds of one ``ppo-ref train`` at the defaults under ``policy``, and its held-out score
+    before and after (``summary.json``: the figures vary with the thread count and the CPU)."""
     flags, env = POLICIES[policy]
     out = Path(tempfile.mkdtemp(prefix="ppo-ref-threads-"))
     command = [str(Path(sys.executable).with_name("ppo-ref")), "train", "--out", str(out / "run"), *flags]
@@ -76,10 +77,11 @@ def run_once(policy: str, quick: bool) -> float:
     started = time.perf_counter()
     result = subprocess.run(command, env=_clean_env(env), capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - started
-    shutil.rmtree(out, ignore_errors=True)
     if result.returncode != 0:
         raise RuntimeError(f"{policy}: ppo-ref train exited {result.returncode}:\n{result.stderr[-2000:]}")
-    return seconds
+    summary = json.loads((out / "run" / "summary.json").read_text(encoding="utf-8"))
+    shutil.rmtree(out, ignore_errors=True)
+    return seconds, [summary["eval_score_initial"], summary["eval_score_final"]]
 
 
 def measure(rounds: int, quick: bool) -> dict[str, Any]:
@@ -87,20 +89,27 @@ def measure(rounds: int, quick: bool) -> dict[str, Any]:
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     times: dict[str, dict[str, list[float]]] = {p: {"idle": [], "loaded": []} for p in POLICIES}
+    scores: dict[str, list[list[float]]] = {p: [] for p in POLICIES}
     loads = [os.getloadavg()]
+
+    def record(policy: str, condition: str) -> None:
+        seconds, score = run_once(policy, quick)
+        times[policy][condition].append(seconds)
+        scores[policy].append(score)
+
     for _ in range(rounds):
         for policy in POLICIES:
-            times[policy]["idle"].append(run_once(policy, quick))
+            record(policy, "idle")
         job = subprocess.Popen([sys.executable, "-c", LOAD_JOB], env=_clean_env({}))
         try:
             time.sleep(2.0)
             for policy in POLICIES:
-                times[policy]["loaded"].append(run_once(policy, quick))
+                record(policy, "loaded")
         finally:
             job.kill()
             job.wait()
         loads.append(os.getloadavg())
-    return {"times": times, "loadavg": loads}
+    return {"times": times, "scores": scores, "loadavg": loads}
 
 
 def summarise(data: dict[str, Any]) -> dict[str, dict[str, float]]:

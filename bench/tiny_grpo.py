@@ -61,46 +61,26 @@ __all__ = [
 
 
 def gpt2_config() -> Any:
-    """The tiny GPT-2 shape, dropout 0, with PAD and EOS inside its vocabulary."""
-    from transformers import GPT2Config
+    """The tiny GPT-2 shape, dropout 0, with PAD and EOS inside its vocabulary (the step kit's
+    :func:`~ppo_ref.adapters.step_kit.tiny_config`, width 64)."""
+    from ppo_ref.adapters.step_kit import tiny_config
 
-    return GPT2Config(
-        n_layer=2,
-        n_head=2,
-        n_embd=64,
-        n_positions=64,
-        vocab_size=VOCAB,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        summary_first_dropout=0.0,
-        bos_token_id=EOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
-    )
+    return tiny_config("gpt2", VOCAB, n_embd=64, pad_id=PAD_ID, eos_id=EOS_ID, bos_id=EOS_ID)
 
 
 def build_policy(seed: int = SEED) -> Any:
     """The policy (GPT2LMHeadModel), randomly initialised from ``seed``, float32, eval mode."""
-    from transformers import GPT2LMHeadModel
+    from ppo_ref.adapters.step_kit import tiny_model
 
-    torch.manual_seed(seed)
-    return GPT2LMHeadModel(gpt2_config()).float().eval()
+    return tiny_model(gpt2_config(), seed).eval()
 
 
 def build_tokenizer() -> Any:
     """A word-level tokenizer: ``[PAD]`` = 0, ``[EOS]`` = 1 and ``t2`` .. ``t63``; no BOS is added."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import PreTrainedTokenizerFast
+    from ppo_ref.adapters.step_kit import word_tokenizer
 
     vocab = {"[PAD]": PAD_ID, "[EOS]": EOS_ID, **{f"t{i}": i for i in range(2, VOCAB)}}
-    core = Tokenizer(WordLevel(vocab, unk_token="[PAD]"))
-    core.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="[PAD]", eos_token="[EOS]", unk_token="[PAD]", padding_side="left"
-    )
+    return word_tokenizer(vocab, pad="[PAD]", eos="[EOS]", bos=None, unk="[PAD]", padding_side="left")
 
 
 def prompt_ids(seed: int = SEED) -> Tensor:

@@ -61,42 +61,24 @@ __all__ = [
 
 
 def gpt2_config(**extra: Any) -> Any:
-    """The tiny GPT-2 shape, dropout 0."""
-    from transformers import GPT2Config
+    """The tiny GPT-2 shape, dropout 0 (the step kit's :func:`~ppo_ref.adapters.step_kit.tiny_config`,
+    width 64; GPT-2's default BOS/EOS 50256 lie outside this vocabulary: none)."""
+    from ppo_ref.adapters.step_kit import tiny_config
 
-    return GPT2Config(
-        n_layer=2,
-        n_head=2,
-        n_embd=64,
-        n_positions=64,
-        vocab_size=VOCAB,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        summary_first_dropout=0.0,
-        bos_token_id=None,  # GPT-2's default 50256 lies outside this vocabulary
-        eos_token_id=None,
-        **extra,
-    )
+    return tiny_config("gpt2", VOCAB, n_embd=64, pad_id=None, eos_id=None, bos_id=None, **extra)
 
 
 def build_models(seed: int = SEED) -> dict[str, Any]:
     """``policy`` and ``reference`` (GPT2LMHeadModel), ``value`` and ``reward``
     (GPT2ForSequenceClassification, one label), each randomly initialised from its own seed."""
-    from transformers import GPT2ForSequenceClassification, GPT2LMHeadModel
+    from ppo_ref.adapters.step_kit import tiny_model
 
     models: dict[str, Any] = {}
-    for offset, (name, kind) in enumerate(
-        [
-            ("policy", GPT2LMHeadModel),
-            ("reference", GPT2LMHeadModel),
-            ("value", GPT2ForSequenceClassification),
-            ("reward", GPT2ForSequenceClassification),
-        ]
+    for offset, (name, head) in enumerate(
+        [("policy", "lm"), ("reference", "lm"), ("value", "score"), ("reward", "score")]
     ):
-        torch.manual_seed(seed + offset)
-        config = gpt2_config(num_labels=1) if kind is GPT2ForSequenceClassification else gpt2_config()
-        models[name] = kind(config).float().eval()
+        config = gpt2_config(num_labels=1) if head == "score" else gpt2_config()
+        models[name] = tiny_model(config, seed + offset, head=head).eval()
     # The reference starts as the policy's copy (ppo-ref's default; TRL gets it as a separate object).
     models["reference"].load_state_dict(models["policy"].state_dict())
     return models
@@ -104,19 +86,12 @@ def build_models(seed: int = SEED) -> dict[str, Any]:
 
 def build_tokenizer() -> Any:
     """A word-level tokenizer over ``t0`` .. ``t63`` plus ``[PAD]`` (64) and ``[EOS]`` (65)."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import PreTrainedTokenizerFast
+    from ppo_ref.adapters.step_kit import word_tokenizer
 
     vocab = {f"t{i}": i for i in range(VOCAB)}
     vocab["[PAD]"] = PAD_ID
     vocab["[EOS]"] = EOS_ID
-    core = Tokenizer(WordLevel(vocab, unk_token="[PAD]"))
-    core.pre_tokenizer = WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token="[PAD]", eos_token="[EOS]", unk_token="[PAD]", padding_side="left"
-    )
+    return word_tokenizer(vocab, pad="[PAD]", eos="[EOS]", bos=None, unk="[PAD]", padding_side="left")
 
 
 def prompt_ids(seed: int = SEED) -> Tensor:

@@ -4,7 +4,9 @@ Runs only for an adapter with a step runner (:func:`ppo_ref.adapters.step.step_r
 ``step`` attribute or the built-in runner of its name); otherwise every test here is skipped as
 "not provided". Every comparison is between two runs of the same runner on the batch of
 :func:`ppo_ref.adapters.step.example_batch` (2 prompts x 4 completions of unequal lengths, one
-EOS-ended completion filling the budget, two cut at it), for every loss mode the runner lists.
+EOS-ended completion filling the budget, two cut at it), for every loss mode the runner lists;
+STEP-5 measures which rows the library treated as truncated from the library's own per-row
+outputs in the result (:data:`ppo_ref.adapters.step.OUTPUTS`), not from the runner's word.
 The measured differences are attached to each test as ``user_properties`` (``step_measure``) so
 that a report, or ``-rA`` with ``--junitxml``, shows them; a mode the runner declares
 ``micro_batch_local`` has its STEP-2 dependence measured and shown, not failed.
@@ -24,6 +26,8 @@ from ppo_ref.adapters.step import (
     gradient_difference,
     step_problems,
     step_runner,
+    treated_as_truncated,
+    truncation_problems,
 )
 
 from .support import Context
@@ -170,10 +174,19 @@ def test_step4_padding_token_ids_carry_no_gradient(
 
 
 @pytest.mark.clause("STEP-5")
-def test_step5_only_rows_cut_at_the_budget_are_truncated(runner: StepRunner, batch: StepBatch) -> None:
+def test_step5_only_rows_cut_at_the_budget_are_truncated(
+    runner: StepRunner, batch: StepBatch, record_property: Callable[[str, object], None]
+) -> None:
     assert batch.truncated == (False, False, True, False, False, False, False, True)
     assert max(len(c) for c in batch.completions) == len(batch.completions[0]) == batch.budget  # EOS-ended
-    got = runner.truncated_rows(batch)
-    assert tuple(got) == batch.truncated, (
-        f"rows treated as truncated {got}, expected {batch.truncated} (row 0 ends with EOS at the budget)"
+    probe = getattr(runner, "truncation_run", None)
+    result = probe(batch) if probe is not None else _run(runner, batch, runner.loss_modes[0])
+    measured = treated_as_truncated(batch, result.outputs)
+    if measured is None:
+        pytest.skip(f"not provided: {runner.name}'s results carry none of the library's per-row outputs")
+    claim = getattr(runner, "truncated_rows", None)  # a runner's own claim: cross-checked only
+    record_property(
+        "step_measure", f"{runner.name}: rows treated as truncated {measured} (from {sorted(result.outputs)})"
     )
+    problems = truncation_problems(batch, result, None if claim is None else tuple(claim(batch)))
+    assert not problems, "\n".join(problems)

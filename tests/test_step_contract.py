@@ -25,6 +25,8 @@ from ppo_ref.adapters.step import (
     gradient_difference,
     step_problems,
     step_runner,
+    treated_as_truncated,
+    truncation_problems,
 )
 from ppo_ref.adapters.step_mine import MineStep
 from ppo_ref.trainer.estimators import WholeMinibatch
@@ -176,7 +178,7 @@ def test_step3_catches_forwards_without_position_ids(monkeypatch: pytest.MonkeyP
 
 def test_step5_catches_truncation_inferred_from_the_padded_width(monkeypatch: pytest.MonkeyPatch) -> None:
     runner = MineStep()
-    assert runner.truncated_rows(BATCH) == BATCH.truncated
+    assert truncation_problems(BATCH, runner.truncation_run(BATCH)) == []
     original = generation_module.first_eos_mask
 
     def by_length(response_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -184,5 +186,52 @@ def test_step5_catches_truncation_inferred_from_the_padded_width(monkeypatch: py
         return mask, mask.sum(dim=1) < response_ids.shape[1]  # "ended" when shorter than the width
 
     monkeypatch.setattr(generation_module, "first_eos_mask", by_length)
-    got = runner.truncated_rows(BATCH)
-    assert got != BATCH.truncated and got[0]  # row 0 ends with EOS at the budget
+    got = treated_as_truncated(BATCH, runner.truncation_run(BATCH).outputs)
+    assert got is not None and got != BATCH.truncated and got[0]  # row 0 ends with EOS at the budget
+
+
+class _Misreporting(MineStep):
+    """A runner whose library bootstraps the EOS-ended row that fills the budget (truncation inferred
+    from the padded width) while the runner says the library got it right."""
+
+    def truncated_rows(self, batch: StepBatch) -> tuple[bool, ...]:
+        return batch.truncated
+
+
+def test_step5_catches_a_runner_that_misreports_truncation(monkeypatch: pytest.MonkeyPatch) -> None:
+    runner = _Misreporting()
+    assert truncation_problems(BATCH, runner.truncation_run(BATCH), runner.truncated_rows(BATCH)) == []
+    original = generation_module.first_eos_mask
+
+    def by_length(response_ids: torch.Tensor, eos_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        mask, _ = original(response_ids, eos_id)
+        return mask, mask.sum(dim=1) < response_ids.shape[1]
+
+    monkeypatch.setattr(generation_module, "first_eos_mask", by_length)
+    problems = truncation_problems(BATCH, runner.truncation_run(BATCH), runner.truncated_rows(BATCH))
+    assert len(problems) == 2, problems
+    assert "rows [0] end with EOS" in problems[0] and "advantages_bootstrapped" in problems[0]
+    assert problems[1].startswith("the runner reports rows")
+
+
+def test_truncation_is_derived_from_each_kind_of_output() -> None:
+    rows, width = BATCH.size, BATCH.budget
+    mask = torch.ones(rows, width)
+    assert treated_as_truncated(BATCH, {}) is None
+    assert treated_as_truncated(BATCH, {"loss_mask": mask}) == (False,) * rows
+    mask[2] = 0
+    assert treated_as_truncated(BATCH, {"loss_mask": mask}) == (False, False, True, *(False,) * 5)
+    rewards = torch.tensor(BATCH.scores)
+    rewards[7] -= 1.0  # a missing-EOS penalty
+    assert treated_as_truncated(BATCH, {"rewards": rewards}) == (*(False,) * 7, True)
+    advantages = torch.zeros(rows, width)
+    booted = advantages.clone()
+    booted[0, -1] = 1.0
+    got = treated_as_truncated(BATCH, {"advantages": advantages, "advantages_bootstrapped": booted})
+    assert got == (True, *(False,) * 7)
+    with pytest.raises(ValueError, match="outputs"):
+        treated_as_truncated(BATCH, {"rewards": torch.zeros(3)})
+    with pytest.raises(ValueError, match="outputs"):
+        treated_as_truncated(BATCH, {"advantages_bootstrapped": booted})
+    with pytest.raises(ValueError, match="result"):
+        truncation_problems(BATCH, StepResult({}, 0.0))

@@ -36,6 +36,7 @@ from torch import Tensor
 
 __all__ = [
     "BUILTIN_STEP_RUNNERS",
+    "OUTPUTS",
     "STEP_STATISTICS",
     "StepBatch",
     "StepResult",
@@ -44,6 +45,8 @@ __all__ = [
     "gradient_difference",
     "step_problems",
     "step_runner",
+    "treated_as_truncated",
+    "truncation_problems",
 ]
 
 BUILTIN_STEP_RUNNERS: Mapping[str, str] = {
@@ -60,6 +63,19 @@ STEP_STATISTICS: tuple[str, ...] = ("max_abs_log_ratio", "clipfrac", "approx_kl"
 ``max_abs_log_ratio`` = max over action tokens of ``|logp - old_logp|`` before any update (the
 step-0 ratio is exp of it), ``clipfrac`` the fraction of action tokens whose ratio was clipped,
 ``approx_kl`` the library's approximate KL between the policy and the rollout policy."""
+
+OUTPUTS: Mapping[str, str] = {
+    "loss_mask": "(B, T) the library's loss mask over each row's completion tokens: a row it masks "
+    "entirely is treated as truncated (masked)",
+    "rewards": "(B,) each row's total reward as the library computed it from the batch's score: a row "
+    "whose reward differs from its score is treated as truncated (penalised, e.g. for a missing EOS "
+    "or for its length)",
+    "advantages": "(B, T) the library's advantages of each row's completion tokens",
+    "advantages_bootstrapped": "(B, T) the same advantages with the value after each row's last token "
+    "set to 1 instead of 0: a row whose advantages move is treated as truncated (bootstrapped)",
+}
+"""The library's own per-row outputs a :class:`StepResult` may carry (rows in batch order), from
+which STEP-5 derives the rows the library treated as truncated (:func:`treated_as_truncated`)."""
 
 
 def _check_ids(name: str, rows: tuple[tuple[int, ...], ...], vocab_size: int) -> None:
@@ -168,11 +184,14 @@ class StepResult:
         loss: the objective the gradient is of (the sum of the micro-batches' backward losses).
         stats: the logged statistics of :data:`STEP_STATISTICS` (None where the library has none),
             plus any library-specific extras.
+        outputs: the library's own per-row outputs named in :data:`OUTPUTS` (the runner's
+            ``provenance`` names where it read them), rows in batch order; STEP-5 reads them.
     """
 
     gradient: dict[str, Tensor]
     loss: float
     stats: dict[str, float | None] = field(default_factory=dict)
+    outputs: dict[str, Tensor] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -183,7 +202,13 @@ class StepRunner(Protocol):
     ``micro_batch_local`` maps each mode that the library *documents* as normalised within a
     micro-batch to where it says so (a declared convention: STEP-2's dependence on the split is
     measured and reported for it, not failed). ``provenance`` names the library code each run goes
-    through.
+    through, and where the result's ``outputs`` come from.
+
+    STEP-5 reads the ``outputs`` of ``truncation_run(batch)`` where the runner has that optional
+    method (a run with the library's truncation handling switched on, e.g. TRL's
+    ``mask_truncated_completions``; its gradient may be empty), else those of ``run(batch,
+    loss_mode=loss_modes[0])``. A runner may still say which rows it believes truncated
+    (``truncated_rows(batch)``): the claim is only cross-checked against the measurement.
     """
 
     @property
@@ -215,11 +240,6 @@ class StepRunner(Protocol):
         the library's own width) with ``pad_fill`` written in the padding slots (None: the pad id)."""
         ...
 
-    def truncated_rows(self, batch: StepBatch) -> tuple[bool, ...]:
-        """(B,) which rows the library's own rollout-to-advantage path treats as truncated
-        (bootstrapped, penalised for a missing EOS, or masked as truncated)."""
-        ...
-
 
 def step_problems(runner: object) -> list[str]:
     """What is wrong with ``runner`` as a :class:`StepRunner` (empty: nothing)."""
@@ -234,9 +254,11 @@ def step_problems(runner: object) -> list[str]:
     local = getattr(runner, "micro_batch_local", None)
     if not isinstance(local, Mapping) or (isinstance(modes, tuple) and not set(local) <= set(modes)):
         problems.append(f"micro_batch_local: expected a Mapping from loss_modes to a source, got {local!r}")
-    for method in ("run", "truncated_rows"):
-        if not callable(getattr(runner, method, None)):
-            problems.append(f"{method}: expected a method")
+    if not callable(getattr(runner, "run", None)):
+        problems.append("run: expected a method")
+    for method in ("truncation_run", "truncated_rows"):  # optional
+        if getattr(runner, method, None) is not None and not callable(getattr(runner, method)):
+            problems.append(f"{method}: expected a method or nothing")
     return problems
 
 
@@ -272,6 +294,76 @@ def gradient_difference(first: StepResult, second: StepResult) -> tuple[float, f
     diff = max(float((first.gradient[k] - second.gradient[k]).abs().max()) for k in first.gradient)
     scale = max(float(g.abs().max()) for g in first.gradient.values())
     return diff, scale
+
+
+def treated_as_truncated(batch: StepBatch, outputs: Mapping[str, Tensor]) -> tuple[bool, ...] | None:
+    """(B,) the rows the library treated as truncated, derived from its own ``outputs``
+    (:data:`OUTPUTS`: masked entirely, rewarded other than their score, or bootstrapped); None
+    when ``outputs`` hold none of them.
+
+    Example: scores (1, 0) and the library's rewards (1, -1): row 1 was penalised, ``(False, True)``.
+    """
+    rows = batch.size
+    found = [False] * rows
+    measured = False
+
+    def values(name: str, dims: int) -> Tensor:
+        value = torch.as_tensor(outputs[name]).double()
+        if value.dim() != dims or value.shape[0] != rows:
+            raise ValueError(
+                f"outputs: {name} must have {dims} dimension(s) and {rows} rows, got {tuple(value.shape)}"
+            )
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"outputs: {name} must be finite")
+        return value
+
+    if "loss_mask" in outputs:
+        mask = values("loss_mask", 2)
+        found = [f or bool(m == 0) for f, m in zip(found, (mask != 0).sum(dim=1).tolist(), strict=True)]
+        measured = True
+    if "rewards" in outputs:
+        rewards = values("rewards", 1).tolist()
+        for i, (got, score) in enumerate(zip(rewards, batch.scores, strict=True)):
+            found[i] = found[i] or abs(got - score) > 1e-6 * max(1.0, abs(score))
+        measured = True
+    if "advantages_bootstrapped" in outputs:
+        if "advantages" not in outputs:
+            raise ValueError("outputs: advantages_bootstrapped needs the advantages it is compared with")
+        plain, booted = values("advantages", 2), values("advantages_bootstrapped", 2)
+        if plain.shape != booted.shape:
+            raise ValueError("outputs: advantages and advantages_bootstrapped differ in shape")
+        moved = ((plain - booted).abs().amax(dim=1) > 0).tolist()
+        found = [f or bool(m) for f, m in zip(found, moved, strict=True)]
+        measured = True
+    return tuple(found) if measured else None
+
+
+def truncation_problems(
+    batch: StepBatch, result: StepResult, claimed: tuple[bool, ...] | None = None
+) -> list[str]:
+    """STEP-5's verdict: what is wrong with the rows the library treated as truncated (measured from
+    ``result.outputs``), which must be exactly the rows without EOS; and with a runner's ``claimed``
+    rows, which must equal the measurement. Empty: nothing. Raises ValueError when ``result`` has
+    no output to measure from."""
+    measured = treated_as_truncated(batch, result.outputs)
+    if measured is None:
+        raise ValueError(
+            f"result: its outputs hold none of {tuple(OUTPUTS)}; nothing to measure truncation from"
+        )
+    problems = []
+    if measured != batch.truncated:
+        wrong = [i for i, (m, t) in enumerate(zip(measured, batch.truncated, strict=True)) if m != t]
+        ended = [i for i in wrong if not batch.truncated[i]]
+        problems.append(
+            f"rows treated as truncated {measured}, expected {batch.truncated}"
+            + (f" (rows {ended} end with EOS)" if ended else "")
+            + f", measured from the library's {', '.join(sorted(set(result.outputs) & set(OUTPUTS)))}"
+        )
+    if claimed is not None and tuple(claimed) != measured:
+        problems.append(
+            f"the runner reports rows {tuple(claimed)} as truncated, but the library treated {measured}"
+        )
+    return problems
 
 
 def example_batch(budget: int = 6, vocab_size: int = 16, prompt_length: int = 9) -> StepBatch:

@@ -11,13 +11,14 @@ clipping or optimizer step. The model is a tiny GPT-2 (2 layers, width 32, dropo
 built from a fixed seed.
 
 Loss modes: the four ``loss_agg`` modes with ``policy_loss = "ppo"`` (their names), and
-``cispo`` (token-mean) and ``gspo`` (seq-mean-token-mean).
+``cispo`` (token-mean) and ``gspo`` (seq-mean-token-mean). Outputs (STEP-5): the rollout's
+response mask (``loss_mask``) and stage 6's advantages; :meth:`MineStep.truncation_run` adds the
+``gae`` advantages with the bootstrap value 0 and 1 (``truncation = "bootstrap"``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -26,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ppo_ref.adapters.step import StepBatch, StepResult
+from ppo_ref.adapters.step_kit import check_run, gradient_of, padded, step_result, tiny_config, tiny_model
 
 __all__ = ["MineStep", "make_step"]
 
@@ -40,19 +42,11 @@ LOSS_MODES: tuple[str, ...] = (
 
 
 def _mode_settings(loss_mode: str) -> dict[str, Any]:
-    if loss_mode not in LOSS_MODES:
-        raise ValueError(f"loss_mode: expected one of {LOSS_MODES}, got {loss_mode!r}")
     if loss_mode == "cispo":
         return {"policy_loss": "cispo", "loss_agg": "token-mean"}
     if loss_mode == "gspo":
         return {"policy_loss": "gspo", "loss_agg": "seq-mean-token-mean"}
     return {"policy_loss": "ppo", "loss_agg": loss_mode}
-
-
-def _rounded(width: int, pad_to: int | None) -> int:
-    if pad_to is None:
-        return width
-    return math.ceil(width / pad_to) * pad_to
 
 
 class MineStep:
@@ -64,7 +58,8 @@ class MineStep:
     provenance = (
         "ppo_ref.trainer: generation.first_eos_mask, ActorCritic.response_outputs (stage 4), "
         "token_rewards (stage 5), ADVANTAGE_ESTIMATORS['grpo'] / ['gae'] (stage 6), "
-        "update.minibatch_backward with micro_batch_size (stage 7)"
+        "update.minibatch_backward with micro_batch_size (stage 7); outputs: the rollout's mask and "
+        "stage 6's advantages"
     )
 
     def __init__(self, seed: int = 0) -> None:
@@ -74,34 +69,15 @@ class MineStep:
         self.seed = seed
 
     def _actor_critic(self, vocab_size: int) -> Any:
-        from transformers import GPT2Config, GPT2LMHeadModel
-
         from ppo_ref.trainer.models import ActorCritic
 
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            policy = GPT2LMHeadModel(
-                GPT2Config(
-                    vocab_size=vocab_size,
-                    n_positions=64,
-                    n_embd=32,
-                    n_layer=2,
-                    n_head=2,
-                    resid_pdrop=0.0,
-                    embd_pdrop=0.0,
-                    attn_pdrop=0.0,
-                    eos_token_id=1,
-                    bos_token_id=1,
-                    pad_token_id=0,
-                )
-            ).double()
+            policy = tiny_model(tiny_config("gpt2", vocab_size, bos_id=1), self.seed, dtype=torch.float64)
         return ActorCritic(policy)
 
     def _config(self, batch: StepBatch, micro_batches: int, **settings: Any) -> Any:
         from ppo_ref.trainer.config import TrainerConfig
 
-        if not isinstance(micro_batches, int) or micro_batches < 1 or batch.size % micro_batches:
-            raise ValueError(f"micro_batches: expected a divisor of {batch.size}, got {micro_batches!r}")
         values: dict[str, Any] = {
             "rollout_batch_size": batch.size,
             "num_minibatches": 1,
@@ -125,29 +101,15 @@ class MineStep:
         from ppo_ref.trainer.data import Rollout, ScoredBatch, SequenceBatch
         from ppo_ref.trainer.generation import first_eos_mask
 
-        if pad_to is not None and (not isinstance(pad_to, int) or pad_to < 1):
-            raise ValueError(f"pad_to: expected an int >= 1 or None, got {pad_to!r}")
-        fill = batch.pad_id if pad_fill is None else pad_fill
-        if not 0 <= fill < batch.vocab_size or fill == batch.eos_id:
-            raise ValueError(
-                f"pad_fill: expected a non-EOS token id in [0, {batch.vocab_size}), got {pad_fill}"
-            )
         rows = batch.size
         prompts = [batch.prompt_ids[i // batch.group_size] for i in range(rows)]
-        width_p = _rounded(len(prompts[0]), pad_to)
-        width_r = _rounded(max(len(c) for c in batch.completions), pad_to)
-        prompt_ids = torch.full((rows, width_p), fill, dtype=torch.long)
-        prompt_mask = torch.zeros((rows, width_p), dtype=torch.long)
-        response_ids = torch.full((rows, width_r), fill, dtype=torch.long)
-        lengths = torch.tensor([len(c) for c in batch.completions])
-        for i, (prompt, completion) in enumerate(zip(prompts, batch.completions, strict=True)):
-            prompt_ids[i, width_p - len(prompt) :] = torch.tensor(prompt)
-            prompt_mask[i, width_p - len(prompt) :] = 1
-            response_ids[i, : len(completion)] = torch.tensor(completion)
+        layout = padded(batch, pad_to, pad_fill)
+        response_ids, lengths = layout.response_ids, layout.lengths
+        width_r = response_ids.shape[1]
         eos_mask, ended = first_eos_mask(response_ids, batch.eos_id)
         # the generator writes at most max_new_tokens columns; padding beyond them is never an action
         mask = eos_mask & (torch.arange(width_r).unsqueeze(0) < lengths.unsqueeze(1))
-        sequences = SequenceBatch.build(prompt_ids, prompt_mask, response_ids, mask)
+        sequences = SequenceBatch.build(layout.prompt_ids, layout.prompt_mask, response_ids, mask)
         with torch.no_grad():
             old = actor_critic.response_outputs(sequences, config.temperature, need_values=False).logprobs
         scores = torch.tensor(batch.scores, dtype=old.dtype)
@@ -189,6 +151,7 @@ class MineStep:
         from ppo_ref.trainer.estimators import ADVANTAGE_ESTIMATORS
         from ppo_ref.trainer.update import minibatch_backward
 
+        check_run(batch, loss_mode, LOSS_MODES, micro_batches, pad_to, pad_fill)
         config = self._config(batch, micro_batches, **_mode_settings(loss_mode))
         actor_critic = self._actor_critic(batch.vocab_size)
         rollout = self._rollout(batch, actor_critic, config, pad_to, pad_fill)
@@ -203,20 +166,17 @@ class MineStep:
             loss.backward()  # type: ignore[no-untyped-call]
 
         result = minibatch_backward(actor_critic, training, config, contextlib.nullcontext, backward)
-        gradient = {
-            name: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().clone()
-            for name, p in actor_critic.policy.named_parameters()
-        }
         stats: dict[str, float | None] = {
             "max_abs_log_ratio": result.max_abs_log_ratio,
             "clipfrac": result.clipfrac,
             "approx_kl": result.approx_kl,
         }
-        return StepResult(gradient=gradient, loss=float(sum(float(x) for x in losses)), stats=stats)
+        outputs = {"loss_mask": rollout.mask, "advantages": advantages}
+        return step_result(gradient_of(actor_critic.policy.named_parameters()), losses, stats, outputs)
 
-    def truncated_rows(self, batch: StepBatch) -> tuple[bool, ...]:
-        """Rows whose GAE advantages (stage 6's ``gae`` entry with ``truncation = "bootstrap"``) move
-        with the critic's bootstrap value: a row bootstrapped as truncated."""
+    def truncation_run(self, batch: StepBatch) -> StepResult:
+        """Stage 6's ``gae`` advantages (``truncation = "bootstrap"``) with the critic's bootstrap
+        value 0 and 1: a row whose advantages move is bootstrapped as truncated. No gradient."""
         from dataclasses import replace
 
         from ppo_ref.trainer.estimators import ADVANTAGE_ESTIMATORS
@@ -228,8 +188,8 @@ class MineStep:
         for value in (0.0, 1.0):
             boot = torch.full_like(rollout.bootstrap_values, value)
             results.append(ADVANTAGE_ESTIMATORS["gae"](replace(rollout, bootstrap_values=boot), config)[0])
-        moved = (results[0] - results[1]).abs().amax(dim=1) > 0
-        return tuple(bool(m) for m in moved)
+        outputs = {"loss_mask": rollout.mask, "advantages": results[0], "advantages_bootstrapped": results[1]}
+        return StepResult(gradient={}, loss=0.0, stats={}, outputs=outputs)
 
 
 def make_step() -> MineStep:

@@ -23,6 +23,7 @@ ratio is a real recomputation (with ``num_iterations=1`` it uses the detached cu
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import tempfile
 from collections.abc import Mapping
@@ -33,6 +34,17 @@ import torch
 from torch import Tensor
 
 from ppo_ref.adapters.step import StepBatch, StepResult
+from ppo_ref.adapters.step_kit import (
+    RowOrder,
+    check_run,
+    gradient_of,
+    padded,
+    save_tiny,
+    step_result,
+    tiny_config,
+    tiny_model,
+    word_tokenizer,
+)
 
 __all__ = ["TrlGrpoStep", "TrlPpoStep", "TrlStepAdapter", "make_adapter", "make_step"]
 
@@ -47,7 +59,11 @@ MICRO_BATCH_LOCAL: Mapping[str, str] = MappingProxyType(
 
 
 class TrlGrpoStep:
-    """One ``GRPOTrainer`` step on a :class:`StepBatch` (see the module docstring)."""
+    """One ``GRPOTrainer`` step on a :class:`StepBatch` (see the module docstring).
+
+    ``family`` is the tiny model's family (:func:`ppo_ref.adapters.step_kit.tiny_config`: a name or a
+    checkpoint's ``config.json`` contents); ``settings`` are ``GRPOConfig`` fields applied to every
+    run (a user's own configuration, ``ppo-ref step-check``) except those the step owns (:data:`OWNED`)."""
 
     name = "trl"
     loss_modes = LOSS_MODES
@@ -56,53 +72,18 @@ class TrlGrpoStep:
         "trl.GRPOTrainer.train (max_steps=1) with rollout_func: _generate_and_score_completions "
         "(padding, mask_truncated_completions, group advantages), _prepare_inputs (shuffle, split into "
         "gradient_accumulation_steps), training_step/_compute_loss per loss_type; gradient read at "
-        "on_pre_optimizer_step"
+        "on_pre_optimizer_step; outputs: completion_mask and advantages of _generate_and_score_completions"
     )
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        family: str | Mapping[str, Any] = "gpt2",
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
         self.version = str(importlib.import_module("trl").__version__)
-        self.seed = seed
+        self.seed, self.family, self.settings = seed, family, dict(settings or {})
         self._dir = tempfile.mkdtemp(prefix="ppo-ref-trl-step-")
-        self._saved: dict[int, tuple[str, str]] = {}
-
-    def _model_and_tokenizer(self, vocab_size: int) -> tuple[str, Any]:
-        from tokenizers import Tokenizer
-        from tokenizers.models import WordLevel
-        from tokenizers.pre_tokenizers import WhitespaceSplit
-        from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
-
-        if vocab_size not in self._saved:
-            vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
-            core = Tokenizer(WordLevel(vocab, unk_token="<bos>"))
-            core.pre_tokenizer = WhitespaceSplit()
-            tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-                tokenizer_object=core,
-                pad_token="<pad>",
-                eos_token="<eos>",
-                bos_token="<bos>",
-                unk_token="<bos>",
-            )
-            torch.manual_seed(self.seed)
-            config = GPT2Config(
-                n_layer=2,
-                n_head=2,
-                n_embd=32,
-                n_positions=64,
-                vocab_size=vocab_size,
-                resid_pdrop=0.0,
-                embd_pdrop=0.0,
-                attn_pdrop=0.0,
-                bos_token_id=2,
-                eos_token_id=1,
-                pad_token_id=0,
-            )
-            model = GPT2LMHeadModel(config)
-            path = os.path.join(self._dir, f"model-{vocab_size}")
-            model.save_pretrained(path)
-            tokenizer.save_pretrained(path)
-            self._saved[vocab_size] = (path, path)
-        path, tok_path = self._saved[vocab_size]
-        return path, PreTrainedTokenizerFast.from_pretrained(tok_path)
 
     def _trainer(
         self,
@@ -114,32 +95,18 @@ class TrlGrpoStep:
         num_iterations: int = 1,
         mask_truncated: bool = False,
     ) -> tuple[Any, dict[str, Any]]:
-        from transformers import GPT2LMHeadModel, TrainerCallback
+        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
 
         Dataset = importlib.import_module("datasets").Dataset
         trl = importlib.import_module("trl")
-        GRPOConfig, GRPOTrainer = trl.GRPOConfig, trl.GRPOTrainer
-
-        if loss_mode not in LOSS_MODES:
-            raise ValueError(f"loss_mode: expected one of {LOSS_MODES}, got {loss_mode!r}")
-        if not isinstance(micro_batches, int) or micro_batches < 1 or batch.size % micro_batches:
-            raise ValueError(f"micro_batches: expected a divisor of {batch.size}, got {micro_batches!r}")
-        longest = max(len(c) for c in batch.completions)
-        if pad_to is not None and pad_to < max(longest, len(batch.prompt_ids[0])):
-            raise ValueError(f"pad_to: expected >= the longest completion and prompt, got {pad_to}")
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-        path, tokenizer = self._model_and_tokenizer(batch.vocab_size)
-        model = GPT2LMHeadModel.from_pretrained(path)
-        prompts = [f"g{g}" for g in range(len(batch.prompt_ids))]
-        seen: dict[str, int] = {}
+        path = os.path.join(self._dir, f"model-{batch.vocab_size}")
+        if not os.path.isdir(path):
+            save_tiny(path, tiny_config(self.family, batch.vocab_size), self.seed)
+        order = RowOrder(batch)
 
         def rollout(prompt_texts: list[Any], trainer: Any) -> dict[str, Any]:
-            rows = []
-            for text in prompt_texts:
-                group = int(str(text)[1:])
-                count = seen.get(str(text), 0)
-                seen[str(text)] = count + 1
-                rows.append(group * batch.group_size + count % batch.group_size)
+            rows = [order.next(int(str(text)[1:])) for text in prompt_texts]  # prompt "g{group}"
             return {
                 "prompt_ids": [list(batch.prompt_ids[r // batch.group_size]) for r in rows],
                 "completion_ids": [list(batch.completions[r]) for r in rows],
@@ -154,59 +121,32 @@ class TrlGrpoStep:
 
         class Capture(TrainerCallback):
             def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                model = kwargs["model"]
-                record["gradient"] = {
-                    n: (
-                        p.grad.detach().double().clone()
-                        if p.grad is not None
-                        else torch.zeros_like(p, dtype=torch.float64)
-                    )
-                    for n, p in model.named_parameters()
-                }
+                record["gradient"] = gradient_of(kwargs["model"].named_parameters())
 
-        extra: dict[str, Any] = {}
+        harness = {"output_dir": os.path.join(self._dir, "out"), "use_cpu": True, "report_to": "none"}
+        harness.update(logging_strategy="no", save_strategy="no", eval_strategy="no", disable_tqdm=True)
+        harness.update(log_completions=False, dataloader_num_workers=0, dataloader_pin_memory=False)
+        harness.update(num_generations=batch.group_size, max_completion_length=batch.budget, max_steps=1)
+        harness.update(per_device_train_batch_size=batch.size // micro_batches, seed=self.seed)
+        harness.update(gradient_accumulation_steps=micro_batches, num_iterations=num_iterations)
+        harness.update(learning_rate=1e-3, optim="sgd", max_grad_norm=0.0, lr_scheduler_type="constant")
+        harness.update(warmup_steps=0, weight_decay=0.0, use_vllm=False, loss_type=loss_mode)
+        harness.update(pad_to_multiple_of=pad_to, mask_truncated_completions=mask_truncated)
+        defaults: dict[str, Any] = {
+            "bf16": False,
+            "fp16": False,
+            "gradient_checkpointing": False,
+            "beta": 0.0,
+        }
         if loss_mode == "luspo":
-            extra["importance_sampling_level"] = "sequence"
-        config = GRPOConfig(
-            output_dir=os.path.join(self._dir, "out"),
-            use_cpu=True,
-            bf16=False,
-            fp16=False,
-            gradient_checkpointing=False,
-            report_to="none",
-            logging_strategy="no",
-            save_strategy="no",
-            eval_strategy="no",
-            disable_tqdm=True,
-            log_completions=False,
-            dataloader_num_workers=0,
-            dataloader_pin_memory=False,
-            num_generations=batch.group_size,
-            max_completion_length=batch.budget,
-            use_vllm=False,
-            seed=self.seed,
-            lr_scheduler_type="constant",
-            warmup_steps=0,
-            weight_decay=0.0,
-            per_device_train_batch_size=batch.size // micro_batches,
-            gradient_accumulation_steps=micro_batches,
-            num_iterations=num_iterations,
-            max_steps=1,
-            learning_rate=1e-3,
-            optim="sgd",
-            max_grad_norm=0.0,
-            loss_type=loss_mode,
-            beta=0.0,
-            pad_to_multiple_of=pad_to,
-            mask_truncated_completions=mask_truncated,
-            **extra,
-        )
-        trainer = GRPOTrainer(
-            model=model,
+            defaults["importance_sampling_level"] = "sequence"
+        config = trl.GRPOConfig(**{**defaults, **self.settings, **harness})
+        trainer = trl.GRPOTrainer(
+            model=AutoModelForCausalLM.from_pretrained(path),
             reward_funcs=reward,
             args=config,
-            train_dataset=Dataset.from_dict({"prompt": prompts}),
-            processing_class=tokenizer,
+            train_dataset=Dataset.from_dict({"prompt": [f"g{g}" for g in range(len(batch.prompt_ids))]}),
+            processing_class=PreTrainedTokenizerFast.from_pretrained(path),
             rollout_func=rollout,
             callbacks=[Capture()],
         )
@@ -216,19 +156,15 @@ class TrlGrpoStep:
 
         def logps(*args: Any, **kwargs: Any) -> Any:
             out = original_logps(*args, **kwargs)
-            if torch.is_grad_enabled() and "inputs" in current:
-                inputs = current["inputs"]
-                old = inputs.get("old_per_token_logps")
-                if old is not None:
-                    mask = inputs["completion_mask"].bool()
-                    diff = (out[0].detach() - old).abs()[mask]
-                    if diff.numel():
-                        record["ratio"] = max(record["ratio"], float(diff.max()))
+            old = current.get("inputs", {}).get("old_per_token_logps")
+            if torch.is_grad_enabled() and old is not None:
+                diff = (out[0].detach() - old).abs()[current["inputs"]["completion_mask"].bool()]
+                if diff.numel():
+                    record["ratio"] = max(record["ratio"], float(diff.max()))
             return out
 
         def compute(model: Any, inputs: dict[str, Any]) -> Tensor:
             current["inputs"] = inputs
-            record.setdefault("masks", []).append(inputs["completion_mask"].detach().clone())
             loss: Tensor = original_loss(model, inputs)
             record["losses"].append(float(loss.detach()))
             for key in ("clip_ratio/region_mean", "cispo_clip_ratio"):  # cleared by train()'s last log
@@ -239,7 +175,6 @@ class TrlGrpoStep:
 
         trainer._compute_loss = compute
         trainer._get_per_token_logps_and_entropies = logps
-        record["trainer"] = trainer
         return trainer, record
 
     def run(
@@ -253,37 +188,37 @@ class TrlGrpoStep:
         num_iterations: int = 2,
     ) -> StepResult:
         """One optimizer step of ``GRPOTrainer.train()`` on ``batch`` (module docstring)."""
+        fill = check_run(batch, loss_mode, LOSS_MODES, micro_batches, pad_to, pad_fill)
         trainer, record = self._trainer(
             batch, loss_mode, micro_batches, pad_to, num_iterations=num_iterations
         )
-        if pad_fill is not None:
-            if not 0 <= pad_fill < batch.vocab_size or pad_fill == batch.eos_id:
-                raise ValueError(
-                    f"pad_fill: expected a non-EOS token id in [0, {batch.vocab_size}), got {pad_fill}"
-                )
-            trainer._tokenizer.pad_token = trainer._tokenizer.convert_ids_to_tokens(pad_fill)
+        trainer._tokenizer.pad_token = trainer._tokenizer.convert_ids_to_tokens(fill)
         trainer.train()
         if record["gradient"] is None:
             raise RuntimeError("GRPOTrainer took no optimizer step")
-        clip_key = "cispo_clip_ratio" if loss_mode == "cispo" else "clip_ratio/region_mean"
-        clip = record.get(clip_key) or [float("nan")]
+        clip = record.get("cispo_clip_ratio" if loss_mode == "cispo" else "clip_ratio/region_mean") or [
+            math.nan
+        ]
         stats: dict[str, float | None] = {
             "max_abs_log_ratio": record["ratio"] if num_iterations > 1 else None,  # else no old log-probs
             "clipfrac": float(sum(clip) / len(clip)),
-            "approx_kl": None,
         }
-        return StepResult(gradient=record["gradient"], loss=float(sum(record["losses"])), stats=stats)
+        return step_result(record["gradient"], record["losses"], stats)
 
-    def truncated_rows(self, batch: StepBatch) -> tuple[bool, ...]:
-        """Rows ``GRPOTrainer._generate_and_score_completions`` masks as truncated with
-        ``mask_truncated_completions=True`` (its only truncation handling: a critic-free trainer
-        bootstraps nothing): a row whose completion mask is all zero."""
+    def truncation_run(self, batch: StepBatch) -> StepResult:
+        """``GRPOTrainer._generate_and_score_completions`` with ``mask_truncated_completions=True``
+        (TRL's only truncation handling: a critic-free trainer bootstraps nothing): its
+        ``completion_mask`` (a row masked entirely is treated as truncated) and advantages."""
         trainer, _ = self._trainer(batch, "dapo", 1, None, mask_truncated=True)
         trainer.model.train()
         prompts = [{"prompt": f"g{g}"} for g in range(len(batch.prompt_ids)) for _ in range(batch.group_size)]
         # unshuffled: rows come back in prompt order, occurrence j of prompt g is row g * group_size + j
-        masks = trainer._generate_and_score_completions(prompts)["completion_mask"]
-        return tuple(bool(m.sum() == 0) for m in masks)
+        out = trainer._generate_and_score_completions(prompts)
+        outputs = {
+            "loss_mask": out["completion_mask"],
+            "advantages": out["advantages"].reshape(batch.size, -1),
+        }
+        return StepResult(gradient={}, loss=0.0, stats={}, outputs=outputs)
 
 
 class _LookupBackbone(torch.nn.Module):
@@ -327,7 +262,8 @@ class TrlPpoStep:
     model's values, GAE, advantage whitening, one PPO epoch of one mini-batch in ``micro_batches``
     micro-batches (``accelerator.accumulate``). A spy on ``accelerator.backward`` reads ``train()``'s
     locals (as findings/repro/trl-approxkl-unmasked.py does) and copies the policy's accumulated
-    gradient after the last micro-batch, before ``optimizer.step``. ``temperature`` 0.7 (TRL's default).
+    gradient after the last micro-batch, before ``optimizer.step``, and the row scores after
+    ``missing_eos_penalty`` (the ``rewards`` output). ``temperature`` 0.7 (TRL's default).
     """
 
     name = "trl"
@@ -336,7 +272,8 @@ class TrlPpoStep:
     provenance = (
         "trl.experimental.ppo.PPOTrainer.train (one iteration; batch_generation replaced by the fixed "
         "completions): truncate_response, missing_eos_penalty, get_reward, GAE, masked_whiten, the PPO "
-        "micro-batch loop with accelerator.accumulate; gradient and locals read at accelerator.backward"
+        "micro-batch loop with accelerator.accumulate; gradient and locals read at accelerator.backward; "
+        "outputs: train()'s scores after missing_eos_penalty"
     )
 
     def __init__(self, seed: int = 0, sync_with_dataloader: bool = False) -> None:
@@ -349,67 +286,33 @@ class TrlPpoStep:
     ) -> dict[str, Any]:
         import tempfile as _tempfile
 
-        from tokenizers import Tokenizer
-        from tokenizers.models import WordLevel
-        from tokenizers.pre_tokenizers import WhitespaceSplit
-        from transformers import (
-            GPT2Config,
-            GPT2ForSequenceClassification,
-            GPT2LMHeadModel,
-            PreTrainedTokenizerFast,
-        )
-
         Dataset = importlib.import_module("datasets").Dataset
         ppo = importlib.import_module("trl.experimental.ppo")
         module: Any = importlib.import_module("trl.experimental.ppo.ppo_trainer")
-        if not isinstance(micro_batches, int) or micro_batches < 1 or batch.size % micro_batches:
-            raise ValueError(f"micro_batches: expected a divisor of {batch.size}, got {micro_batches!r}")
-        fill = batch.pad_id if pad_fill is None else pad_fill
-        if not 0 <= fill < batch.vocab_size or fill == batch.eos_id:
-            raise ValueError(
-                f"pad_fill: expected a non-EOS token id in [0, {batch.vocab_size}), got {pad_fill}"
-            )
-        vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"t{i}": i for i in range(3, batch.vocab_size)}}
-        core = Tokenizer(WordLevel(vocab, unk_token="<bos>"))
-        core.pre_tokenizer = WhitespaceSplit()
-        tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-            tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<bos>"
-        )
-
-        def config(**extra: Any) -> Any:
-            return GPT2Config(
-                n_layer=2, n_head=2, n_embd=32, n_positions=64, vocab_size=batch.vocab_size,
-                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, summary_first_dropout=0.0,
-                bos_token_id=2, eos_token_id=1, pad_token_id=0, **extra,
-            )  # fmt: skip
-
-        torch.manual_seed(self.seed)
-        policy = GPT2LMHeadModel(config())
-        reference = GPT2LMHeadModel(config())
-        reference.load_state_dict(policy.state_dict())
-        torch.manual_seed(self.seed + 1)
-        value = GPT2ForSequenceClassification(config(num_labels=1))
-        width_p = _rounded(len(batch.prompt_ids[0]), pad_to)
-        width_r = _rounded(max(len(c) for c in batch.completions), pad_to)
-        queries = [(batch.pad_id,) * (width_p - len(p)) + p for p in batch.prompt_ids]
+        fill = check_run(batch, "token-mean", self.loss_modes, micro_batches, pad_to, pad_fill)
+        tokenizer = word_tokenizer(batch.vocab_size)
+        policy = tiny_model(tiny_config("gpt2", batch.vocab_size), self.seed)
+        reference = tiny_model(tiny_config("gpt2", batch.vocab_size), self.seed)
+        value = tiny_model(tiny_config("gpt2", batch.vocab_size), self.seed + 1, head="score")
+        layout = padded(batch, pad_to)  # the prompts left-padded with the pad id
+        width_r = layout.response_ids.shape[1]
+        queries = [
+            tuple(layout.prompt_ids[g * batch.group_size].tolist()) for g in range(len(batch.prompt_ids))
+        ]
         rows = [queries[i // batch.group_size] for i in range(batch.size)]
         scores = {
             tuple(t for t in q if t != batch.pad_id) + c: s
             for q, c, s in zip(rows, batch.completions, batch.scores, strict=True)
         }
         reward = _LookupReward(scores, batch.pad_id)
+        order = RowOrder(batch)
         temperature = 0.7
-        record: dict[str, Any] = {"order": [], "calls": 0, "ratio": 0.0, "clip": [], "kl": [], "loss": 0.0}
+        record: dict[str, Any] = {"calls": 0, "ratio": 0.0, "clip": [], "kl": [], "loss": 0.0}
 
         def generation(model: Any, queries_in: Tensor, _size: int, pad_id: int, _config: Any) -> Any:
-            seen: dict[tuple[int, ...], int] = {}
             responses = torch.full((queries_in.shape[0], width_r), fill, dtype=torch.long)
             for j, query in enumerate(queries_in.tolist()):
-                group = queries.index(tuple(query))
-                count = seen.get(tuple(query), 0)
-                seen[tuple(query)] = count + 1
-                row = group * batch.group_size + count % batch.group_size
-                record["order"].append(row)
+                row = order.next(queries.index(tuple(query)))
                 completion = batch.completions[row]
                 responses[j, : len(completion)] = torch.tensor(completion)
                 if completion[-1] != batch.eos_id:  # cut at the budget: nothing after it is a response
@@ -441,12 +344,8 @@ class TrlPpoStep:
                 f = sys._getframe(1).f_locals  # PPOTrainer.train's frame
                 action = ~f["padding_mask"][f["micro_batch_inds"]]
                 diff = f["logprobs_diff"].detach()
-                if "truncated" not in record:
-                    eos = f["contain_eos_token"].tolist()
-                    truncated = [False] * batch.size
-                    for j, row in enumerate(record["order"]):
-                        truncated[row] = not eos[j]
-                    record["truncated"] = tuple(truncated)
+                if "rewards" not in record:  # the scores after missing_eos_penalty, in batch order
+                    record["rewards"] = order.in_batch_order(f["scores"].detach())
                 record["ratio"] = max(record["ratio"], float(diff[action].abs().max()))
                 clipped = (f["pg_losses2"] > f["pg_losses"]).float()
                 record["clip"].append(float(clipped[action].mean()))
@@ -456,10 +355,8 @@ class TrlPpoStep:
                 record["loss"] += float(loss.detach()) / micro_batches  # accelerate divides by the steps
                 record["calls"] += 1
                 if record["calls"] == micro_batches:
-                    record["gradient"] = {
-                        n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().double().clone()
-                        for n, p in trainer.accelerator.unwrap_model(trainer.model).policy.named_parameters()
-                    }
+                    model = trainer.accelerator.unwrap_model(trainer.model).policy
+                    record["gradient"] = gradient_of(model.named_parameters())
                 return result
 
             trainer.accelerator.backward = spy
@@ -487,8 +384,7 @@ class TrlPpoStep:
         pad_fill: int | None = None,
     ) -> StepResult:
         """One optimizer step of ``PPOTrainer.train()`` on ``batch`` (class docstring)."""
-        if loss_mode not in self.loss_modes:
-            raise ValueError(f"loss_mode: expected one of {self.loss_modes}, got {loss_mode!r}")
+        check_run(batch, loss_mode, self.loss_modes, micro_batches, pad_to, pad_fill)
         record = self._train(batch, micro_batches, pad_to, pad_fill)
         if "gradient" not in record:
             raise RuntimeError("PPOTrainer.train() took no backward step")
@@ -498,21 +394,8 @@ class TrlPpoStep:
             "clipfrac": sum(record["clip"]) / len(record["clip"]),
             "approx_kl": sum(record["kl"]) / len(record["kl"]),
         }
-        return StepResult(gradient=record["gradient"], loss=record["loss"], stats=stats)
-
-    def truncated_rows(self, batch: StepBatch) -> tuple[bool, ...]:
-        """Rows ``train()`` penalises for a missing EOS (``contain_eos_token`` False; TRL bootstraps no
-        row: its GAE ends every row with next value 0)."""
-        truncated: tuple[bool, ...] = self._train(batch, 1, None, None)["truncated"]
-        return truncated
-
-
-def _rounded(width: int, pad_to: int | None) -> int:
-    if pad_to is None:
-        return width
-    if not isinstance(pad_to, int) or pad_to < 1:
-        raise ValueError(f"pad_to: expected an int >= 1 or None, got {pad_to!r}")
-    return -(-width // pad_to) * pad_to
+        outputs = {"rewards": record["rewards"]}  # train()'s scores after missing_eos_penalty
+        return StepResult(gradient=record["gradient"], loss=record["loss"], stats=stats, outputs=outputs)
 
 
 def make_step() -> TrlGrpoStep | TrlPpoStep:

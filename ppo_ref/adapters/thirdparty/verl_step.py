@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from ppo_ref.adapters.step import StepBatch, StepResult
+from ppo_ref.adapters.step_kit import check_run, gradient_of, padded, save_tiny, step_result, tiny_config
 
 __all__ = ["LOSS_MODES", "VerlStep", "VerlStepAdapter", "make_adapter", "make_step"]
 
@@ -149,14 +150,6 @@ def _setup_process() -> None:
         dist.init_process_group("gloo", rank=0, world_size=1)
 
 
-def _rounded(width: int, pad_to: int | None) -> int:
-    if pad_to is None:
-        return width
-    if not isinstance(pad_to, int) or pad_to < 1:
-        raise ValueError(f"pad_to: expected an int >= 1 or None, got {pad_to!r}")
-    return -(-width // pad_to) * pad_to
-
-
 class _Profiler:
     """What ``DistProfiler.annotate`` and ``train_mini_batch`` read of a worker's profiler (disabled)."""
 
@@ -189,7 +182,13 @@ class VerlStep:
         "optimizer_step"
     )
 
-    def __init__(self, seed: int = 0, loss_scale_factor: int | None = None) -> None:
+    def __init__(
+        self,
+        seed: int = 0,
+        loss_scale_factor: int | None = None,
+        family: str | Mapping[str, Any] = "qwen2",
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
         if not isinstance(seed, int):
             raise ValueError(f"seed: expected an int, got {seed!r}")
         if loss_scale_factor is not None and (
@@ -199,46 +198,16 @@ class VerlStep:
         self.version = str(importlib.import_module("verl").__version__)
         self.seed = seed
         self.loss_scale_factor = loss_scale_factor
+        self.family, self.settings = family, dict(settings or {})
         self._dir = tempfile.mkdtemp(prefix="ppo-ref-verl-step-")
         self._saved: dict[int, str] = {}
 
     # --- model, tokenizer, engine ---
 
     def _model_path(self, vocab_size: int) -> str:
-        from tokenizers import Tokenizer
-        from tokenizers.models import WordLevel
-        from tokenizers.pre_tokenizers import WhitespaceSplit
-        from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
         if vocab_size not in self._saved:
-            vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
-            core = Tokenizer(WordLevel(vocab, unk_token="<bos>"))
-            core.pre_tokenizer = WhitespaceSplit()
-            tokenizer = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-                tokenizer_object=core,
-                pad_token="<pad>",
-                eos_token="<eos>",
-                bos_token="<bos>",
-                unk_token="<bos>",
-            )
-            torch.manual_seed(self.seed)
-            config = Qwen2Config(
-                hidden_size=32,
-                intermediate_size=64,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                num_key_value_heads=2,
-                vocab_size=vocab_size,
-                max_position_embeddings=64,
-                bos_token_id=2,
-                eos_token_id=1,
-                pad_token_id=0,
-                tie_word_embeddings=False,
-            )
             path = os.path.join(self._dir, f"model-{vocab_size}")
-            Qwen2ForCausalLM(config).save_pretrained(path)
-            tokenizer.save_pretrained(path)
-            self._saved[vocab_size] = path
+            self._saved[vocab_size] = save_tiny(path, tiny_config(self.family, vocab_size), self.seed)
         return self._saved[vocab_size]
 
     def _worker(self, batch: StepBatch, loss_mode: str, micro: int) -> Any:
@@ -289,12 +258,12 @@ class VerlStep:
         )
         engine.initialize()
         actor_config = ActorConfig(
+            **{"loss_scale_factor": self.loss_scale_factor, **self.settings},
             strategy="fsdp",
             rollout_n=batch.group_size,
             ppo_mini_batch_size=len(batch.prompt_ids),
             ppo_micro_batch_size_per_gpu=size,
             loss_agg_mode=loss_mode,
-            loss_scale_factor=self.loss_scale_factor,
             use_torch_compile=False,
         )
         worker = object.__new__(TrainingWorker)
@@ -321,29 +290,13 @@ class VerlStep:
             "verl.utils.model"
         ).compute_position_id_with_mask
 
-        fill = batch.pad_id if pad_fill is None else pad_fill
-        if not isinstance(fill, int) or not 0 <= fill < batch.vocab_size or fill == batch.eos_id:
-            raise ValueError(
-                f"pad_fill: expected a non-EOS token id in [0, {batch.vocab_size}), got {pad_fill!r}"
-            )
-        width_p = _rounded(len(batch.prompt_ids[0]), pad_to)
-        width_r = batch.budget if pad_to is None else _rounded(max(len(c) for c in batch.completions), pad_to)
-        prompts = torch.full((batch.size, width_p), fill, dtype=torch.long)
-        prompt_mask = torch.zeros(batch.size, width_p, dtype=torch.long)
-        responses = torch.full((batch.size, width_r), fill, dtype=torch.long)
-        response_mask = torch.zeros(batch.size, width_r, dtype=torch.long)
-        for i, completion in enumerate(batch.completions):
-            prompt = batch.prompt_ids[i // batch.group_size]
-            prompts[i, width_p - len(prompt) :] = torch.tensor(prompt)
-            prompt_mask[i, width_p - len(prompt) :] = 1
-            responses[i, : len(completion)] = torch.tensor(completion)
-            response_mask[i, : len(completion)] = 1
-        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+        layout = padded(batch, pad_to, pad_fill, response_width=batch.budget)
+        attention_mask = layout.attention_mask
         data = DataProto.from_dict(
             tensors={
-                "prompts": prompts,
-                "responses": responses,
-                "input_ids": torch.cat([prompts, responses], dim=1),
+                "prompts": layout.prompt_ids,
+                "responses": layout.response_ids,
+                "input_ids": layout.input_ids,
                 "attention_mask": attention_mask,
                 "position_ids": compute_position_id_with_mask(attention_mask),
             },
@@ -394,15 +347,7 @@ class VerlStep:
         compute_response_mask = importlib.import_module("verl.trainer.ppo.ray_trainer").compute_response_mask
         no_padding_2_padding = importlib.import_module("verl.workers.utils.padding").no_padding_2_padding
 
-        if not isinstance(batch, StepBatch):
-            raise ValueError(f"batch: expected a StepBatch, got {type(batch).__name__}")
-        if loss_mode not in LOSS_MODES:
-            raise ValueError(f"loss_mode: expected one of {LOSS_MODES}, got {loss_mode!r}")
-        if not isinstance(micro_batches, int) or micro_batches < 1 or batch.size % micro_batches:
-            raise ValueError(f"micro_batches: expected a divisor of {batch.size}, got {micro_batches!r}")
-        longest = max(len(c) for c in batch.completions)
-        if pad_to is not None and pad_to < max(longest, len(batch.prompt_ids[0])):
-            raise ValueError(f"pad_to: expected >= the longest completion and prompt, got {pad_to}")
+        check_run(batch, loss_mode, LOSS_MODES, micro_batches, pad_to, pad_fill)
         data = self._rollout(batch, pad_to, pad_fill)
         worker = self._worker(batch, loss_mode, micro_batches)
         record: dict[str, Any] = {"ratio": 0.0, "clip": [], "kl": [], "losses": []}
@@ -427,16 +372,7 @@ class VerlStep:
         step = engine.optimizer_step
 
         def optimizer_step() -> float:
-            gradient = {}
-            for name, parameter in engine.module.named_parameters():
-                grad = parameter.grad
-                if grad is None:
-                    gradient[name] = torch.zeros(parameter.shape, dtype=torch.float64)
-                    continue
-                if hasattr(grad, "full_tensor"):
-                    grad = grad.full_tensor()
-                gradient[name] = grad.detach().double().clone()
-            record["gradient"] = gradient
+            record["gradient"] = gradient_of(engine.module.named_parameters())
             result: float = step()
             return result
 
@@ -488,20 +424,24 @@ class VerlStep:
         logged = metrics.get("actor/loss")
         if isinstance(logged, (int, float)):
             stats["logged_loss"] = float(logged)
-        return StepResult(gradient=record["gradient"], loss=float(sum(record["losses"])), stats=stats)
+        outputs = {
+            "loss_mask": data.batch["response_mask"],
+            "rewards": data.batch["token_level_rewards"].sum(dim=1),
+            "advantages": data.batch["advantages"],
+        }
+        return step_result(record["gradient"], record["losses"], stats, outputs)
 
-    def truncated_rows(self, batch: StepBatch) -> tuple[bool, ...]:
-        """Rows verl penalises as over-long: ``DAPORewardManager`` with ``overlong_buffer`` on
-        (``len`` = :data:`OVERLONG_BUFFER`, ``max_resp_len`` = the budget) gives them a negative
-        ``overlong_reward``. verl's only truncation-dependent handling: its GAE never bootstraps
-        (``compute_gae_advantage_return`` ends every row with next value 0) and the default reward
-        managers add no missing-EOS penalty."""
+    def truncation_run(self, batch: StepBatch) -> StepResult:
+        """The rewards of verl's ``DAPORewardManager`` with ``overlong_buffer`` on (``len`` =
+        :data:`OVERLONG_BUFFER`, ``max_resp_len`` = the budget): a row it penalises as over-long
+        (reward below its score) is treated as truncated. verl's only truncation-dependent handling:
+        its GAE never bootstraps (``compute_gae_advantage_return`` ends every row with next value 0)
+        and the default reward managers add no missing-EOS penalty. No gradient."""
         if not isinstance(batch, StepBatch):
             raise ValueError(f"batch: expected a StepBatch, got {type(batch).__name__}")
         data = self._rollout(batch, None, None)
-        plain = self._rewards(batch, data, overlong=False).sum(dim=1)
         shaped = self._rewards(batch, data, overlong=True).sum(dim=1)
-        return tuple(bool(s < p) for s, p in zip(shaped.tolist(), plain.tolist(), strict=True))
+        return StepResult(gradient={}, loss=0.0, stats={}, outputs={"rewards": shaped})
 
 
 def make_step() -> VerlStep:

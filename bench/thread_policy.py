@@ -24,7 +24,6 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -35,6 +34,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.trainer.golden_cpus import cpu_model  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "thread-policy.json"
 POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "default": ([], {}),
@@ -50,16 +53,6 @@ a = torch.randn(512, 512)
 while True:
     a = torch.tanh(a @ a) * 0.5
 """
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 def _clean_env(extra: dict[str, str]) -> dict[str, str]:
@@ -145,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         + (" --quick" if args.quick else ""),
         "started_utc": started.strftime("%Y-%m-%d %H:%M"),
         "commit": commit,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "quick": args.quick,
         "summary": summarise(data),

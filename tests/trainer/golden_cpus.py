@@ -48,7 +48,8 @@ def _isa_flags() -> list[str]:
     return sorted({f for f in flags if f.startswith(("avx", "amx", "fma"))})
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), e.g. ``AMD EPYC``."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
     except OSError:
@@ -70,7 +71,7 @@ def fingerprint() -> dict[str, Any]:
     except OSError:
         commit = ""
     return {
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "isa_flags": _isa_flags(),
         "torch": torch.__version__,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),

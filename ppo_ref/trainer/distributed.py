@@ -29,10 +29,17 @@ from typing import Any, Protocol
 
 import torch
 from accelerate import Accelerator  # type: ignore[import-untyped, unused-ignore]
-from accelerate.utils import DistributedType, gather, gather_object  # type: ignore[import-untyped, unused-ignore]
+from accelerate.state import PartialState  # type: ignore[import-untyped, unused-ignore]
+from accelerate.utils import (  # type: ignore[import-untyped, unused-ignore]
+    DistributedType,
+    FullyShardedDataParallelPlugin,
+    gather,
+    gather_object,
+    parse_flag_from_env,
+)
 from torch import Tensor, nn
 
-__all__ = ["Collectives", "DataParallel", "LocalCollectives", "default_accelerator"]
+__all__ = ["Collectives", "DataParallel", "LocalCollectives", "cpu_fsdp2_accelerator", "default_accelerator"]
 
 
 def default_accelerator() -> Accelerator:
@@ -40,14 +47,62 @@ def default_accelerator() -> Accelerator:
 
     Launched as several processes (``torchrun``) on a machine without an accelerator, it is
     ``Accelerator(cpu=True)``, which joins the processes over gloo; without ``cpu=True`` accelerate
-    would leave each process on its own, and they would run the same run side by side.
+    would leave each process on its own, and they would run the same run side by side. Launched
+    there with an FSDP config (``accelerate launch --config_file examples/accelerate/fsdp2.yaml``,
+    which sets ``ACCELERATE_USE_FSDP``), it is :func:`cpu_fsdp2_accelerator`: the parameters are
+    sharded as on GPUs, instead of the plain data parallelism accelerate itself would fall back to.
     """
     processes = int(os.environ.get("WORLD_SIZE", "1"))
     has_accelerator = getattr(torch, "accelerator", None)
     device_found = (
         has_accelerator.is_available() if has_accelerator is not None else torch.cuda.is_available()
     )
-    return Accelerator(cpu=processes > 1 and not device_found, mixed_precision="no")
+    cpu_processes = processes > 1 and not device_found
+    if cpu_processes and parse_flag_from_env("ACCELERATE_USE_FSDP"):
+        return cpu_fsdp2_accelerator()
+    return Accelerator(cpu=cpu_processes, mixed_precision="no")
+
+
+def cpu_fsdp2_accelerator(plugin: FullyShardedDataParallelPlugin | None = None) -> Accelerator:
+    """An ``Accelerator`` for several CPU processes (gloo) whose ``prepare`` shards with FSDP2.
+
+    accelerate declines FSDP without an accelerator: on CPU processes its state is ``MULTI_CPU``
+    (plain data parallelism, parameters left whole), whatever the FSDP config. Its FSDP2 path does
+    run on CPUs (``fully_shard`` over gloo), so this builds ``Accelerator(cpu=True)`` and switches
+    accelerate's shared state to FSDP with ``plugin`` (default: the plugin the launch config's
+    ``FSDP_*`` environment describes, as ``accelerate launch`` sets it). From there accelerate's
+    own FSDP2 code runs, as on GPUs: ``prepare`` (its ``fsdp2_prepare_model``: ``fully_shard`` on
+    each transformer block and on the root, the optimizer moved to the sharded parameters),
+    ``clip_grad_norm_`` and ``unwrap_model``. What differs from GPUs is the device and the
+    collectives' backend (gloo, not NCCL). Mixed precision stays off (the trainer autocasts itself).
+
+    Raises ``ValueError`` outside a launch of several processes (``WORLD_SIZE`` > 1), for a plugin
+    that is not a ``FullyShardedDataParallelPlugin`` of ``fsdp_version`` 2 (FSDP1 is not supported),
+    and ``RuntimeError`` if this accelerate's state does not take the switch.
+    """
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    if processes < 2:
+        raise ValueError(
+            f"WORLD_SIZE: sharding needs several processes (torchrun or accelerate launch), got {processes}"
+        )
+    plugin = FullyShardedDataParallelPlugin() if plugin is None else plugin
+    if not isinstance(plugin, FullyShardedDataParallelPlugin):
+        raise ValueError(f"plugin: expected a FullyShardedDataParallelPlugin, got {type(plugin).__name__}")
+    if int(plugin.fsdp_version) != 2:
+        raise ValueError(
+            f"plugin: fsdp_version {plugin.fsdp_version} is not supported (set fsdp_version: 2 in the "
+            "accelerate config; FSDP1's flat parameters break the separate clipping of policy and critic)"
+        )
+    accelerator = Accelerator(cpu=True, mixed_precision="no")
+    # Both shared states: accelerate's state objects copy PartialState's distributed_type when built.
+    PartialState().distributed_type = DistributedType.FSDP
+    accelerator.state.distributed_type = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = plugin
+    if accelerator.distributed_type != DistributedType.FSDP or not accelerator.is_fsdp2:
+        raise RuntimeError(
+            "accelerate did not take the switch to FSDP2 on CPU processes; run FSDP on GPUs, or DDP here"
+        )
+    return accelerator
 
 
 class Collectives(Protocol):

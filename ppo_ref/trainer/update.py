@@ -304,7 +304,6 @@ def ppo_update(
     """
     collectives = collectives or LocalCollectives()
     stats = UpdateStats()
-    policy_params, critic_params = actor_critic.policy_parameters(), actor_critic.critic_parameters()
     max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
     policy_norms: list[float] = []
     critic_norms: list[float] = []
@@ -345,6 +344,11 @@ def ppo_update(
                         raise LogprobMismatchError(
                             _mismatch_message(result.max_abs_log_ratio, logprob_tolerance)
                         )
+                # Read after the backward: FSDP2 registers its unsharded parameters on the modules
+                # while they are gathered (the root's stay gathered after a no-grad forward, such as
+                # the rollout's), and the sharded ones, which hold the gradients, after the backward.
+                policy_params = actor_critic.policy_parameters()
+                critic_params = actor_critic.critic_parameters()
                 policy_norm = float(clip_grad_norm(policy_params, max_norm))
                 # A critic-free run has no critic parameters: its critic norm is NaN (null in metrics).
                 critic_norm = float(clip_grad_norm(critic_params, max_norm)) if critic_params else math.nan

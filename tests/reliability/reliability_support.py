@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
@@ -88,3 +89,33 @@ def wait_for(
             process.kill()
             raise AssertionError(f"timed out after {timeout} s:\n{log.read_text()}")
         time.sleep(0.05)
+
+
+def read_records(path: Path) -> list[dict[str, object]]:
+    """The JSON records of a JSONL file (metrics.jsonl, rollouts.jsonl)."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_close(first: Sequence[object], second: Sequence[object], what: str = "") -> None:
+    """Floats equal to 1e-9 (relative, absolute below 1), anything else exactly equal."""
+    for a, b in zip(first, second, strict=True):
+        if isinstance(a, float) and isinstance(b, float):
+            assert abs(a - b) <= 1e-9 * max(1.0, abs(a)), (what, a, b)
+        else:
+            assert a == b, (what, a, b)
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now (for a launcher's rendezvous)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def launch(command: list[str], timeout: float = 300) -> None:
+    """Run a launcher command (torchrun, accelerate launch) from the repository on one thread per
+    process; fail with the tail of its output unless it exits 0."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -14,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from data_parallel_worker import ITERATIONS, float64_setup, run, worker_config
-from reliability_support import REPO, one_thread, out_dir
+from reliability_support import assert_close, launch, one_thread, out_dir, read_records
 from safetensors.torch import load_file
 from tiny_task import tiny_config, tiny_setup
 
@@ -30,14 +28,7 @@ TIMING = ("seconds_", "tokens_per_second")
 def _torchrun(out: Path, processes: int) -> None:
     torchrun = Path(sys.executable).with_name("torchrun")
     command = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    command += ["--standalone", "--nproc_per_node", str(processes), str(WORKER), str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-
-
-def _records(path: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    launch([*command, "--standalone", "--nproc_per_node", str(processes), str(WORKER), str(out)])
 
 
 @pytest.mark.slow
@@ -70,19 +61,19 @@ def test_two_processes_train_like_one(tmp_path: Path) -> None:
     )
     assert moved > 1e-4  # the runs did train, far more than they differ
     # The same samples, token advantages and statistics.
-    audit_one, audit_two = _records(one / "rollouts.jsonl"), _records(two / "rollouts.jsonl")
+    audit_one, audit_two = read_records(one / "rollouts.jsonl"), read_records(two / "rollouts.jsonl")
     assert len(audit_one) == len(audit_two) == 8 * ITERATIONS
     for a, b in zip(audit_one, audit_two, strict=True):
         assert a["sample_index"] == b["sample_index"] and a["response_ids"] == b["response_ids"]
         assert a["action_mask"] == b["action_mask"] and a["score"] == b["score"]
-        _close(a["advantages"], b["advantages"])
-        _close(a["old_logprobs"], b["old_logprobs"])
-    metrics_one, metrics_two = _records(one / "metrics.jsonl"), _records(two / "metrics.jsonl")
+        assert_close(a["advantages"], b["advantages"])
+        assert_close(a["old_logprobs"], b["old_logprobs"])
+    metrics_one, metrics_two = read_records(one / "metrics.jsonl"), read_records(two / "metrics.jsonl")
     for a, b in zip(metrics_one, metrics_two, strict=True):
         keys = [k for k in a if not k.startswith(TIMING)]
         assert keys == [k for k in b if not k.startswith(TIMING)]
         for key in keys:
-            _close([a[key]], [b[key]], key)
+            assert_close([a[key]], [b[key]], key)
     assert metrics_one[1]["kl_coef"] != metrics_one[0]["kl_coef"]  # the controller did move
     summary = json.loads((two / "summary.json").read_text())
     assert summary["processes"] == 2 and summary["data_parallel"] == "ddp"
@@ -95,14 +86,6 @@ def test_two_processes_train_like_one(tmp_path: Path) -> None:
         trainer.train()
         continued.append([p.detach() for p in trainer.policy.parameters()])
     assert max(float((a - b).abs().max()) for a, b in zip(*continued, strict=True)) < 1e-6
-
-
-def _close(first: Sequence[object], second: Sequence[object], what: str = "") -> None:
-    for a, b in zip(first, second, strict=True):
-        if isinstance(a, float) and isinstance(b, float):
-            assert abs(a - b) <= 1e-9 * max(1.0, abs(a)), (what, a, b)
-        else:
-            assert a == b, (what, a, b)
 
 
 class _TwoProcessesInOne:

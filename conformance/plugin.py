@@ -133,6 +133,32 @@ def suite_selected(args: list[str], pyargs: bool, invocation_dir: Path) -> bool:
     return False
 
 
+def adapter_dir_on_path(impl: str, invocation_dir: Path) -> bool:
+    """Put ``invocation_dir`` first on ``sys.path`` when ``impl`` is ``module:attribute`` whose
+    top-level module is a file or package there and is not importable otherwise; return whether it
+    did. ``python -m pytest`` puts the current directory on ``sys.path``, the plain ``pytest``
+    script does not, so without this ``pytest --pyargs ppo_ref_conformance --impl=my_adapter:make``
+    run next to ``my_adapter.py`` would fail with "no module 'my_adapter'"."""
+    if not isinstance(impl, str) or not isinstance(invocation_dir, Path):
+        raise ValueError(
+            f"impl, invocation_dir: expected a string and a Path, got {impl!r}, {invocation_dir!r}"
+        )
+    module, separator, _ = impl.partition(":")
+    top = module.split(".")[0]
+    if not separator or not top.isidentifier():
+        return False
+    try:
+        if importlib.util.find_spec(top) is not None:
+            return False
+    except (ImportError, ValueError):
+        return False
+    if not ((invocation_dir / f"{top}.py").is_file() or (invocation_dir / top / "__init__.py").is_file()):
+        return False
+    sys.path.insert(0, str(invocation_dir))
+    importlib.invalidate_caches()
+    return True
+
+
 def import_hooks() -> ModuleType:
     """:mod:`.hooks`, imported under the name pytest gives the suite's test files.
 
@@ -155,5 +181,6 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if not suite_selected(list(config.args), bool(config.option.pyargs), config.invocation_params.dir):
         return
+    adapter_dir_on_path(config.getoption("--impl"), config.invocation_params.dir)
     # Registered during pytest_configure, the hooks' own pytest_configure runs at once.
     config.pluginmanager.register(import_hooks(), HOOKS_PLUGIN)

@@ -5,7 +5,11 @@ The wheel itself is built, installed and run in ``tests/test_wheel_install.py`` 
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +52,72 @@ def test_the_wheel_lists_every_package_of_ppo_ref_and_maps_the_suite_to_ppo_ref_
     )
     entry = PYPROJECT["project"]["entry-points"]["pytest11"]
     assert entry == {plugin.ENTRY_POINT: "ppo_ref_conformance.plugin"}
+
+
+TRAINER_STACK = {"transformers", "accelerate", "matplotlib", "safetensors"}
+"""What ``ppo-ref train`` needs beyond the base install: the extra ``trainer`` (issue 24)."""
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {re.match(r"[A-Za-z0-9._-]+(\[[a-z,]+\])?", r).group(0) for r in requirements}  # type: ignore[union-attr]
+
+
+def test_the_base_install_is_the_math_and_the_suite_and_the_trainer_is_an_extra() -> None:
+    project = PYPROJECT["project"]
+    extras = project["optional-dependencies"]
+    assert _names(project["dependencies"]) == {"torch", "numpy"}
+    assert _names(extras["trainer"]) == TRAINER_STACK
+    # ./dev setup installs .[dev,real]: both bring the trainer (its tests, the smollm2 task)
+    assert "ppo-ref[trainer]" in extras["dev"] and "ppo-ref[trainer]" in extras["real"]
+    assert not TRAINER_STACK & (_names(extras["conformance"]) | _names(extras["dev"]))  # one place
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The top-level package of every import at module level (not inside a function or
+    ``if TYPE_CHECKING:``): what importing the module needs installed."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_suite_and_the_math_import_nothing_of_the_trainer_at_module_level() -> None:
+    """The suite-only install (no extra ``trainer``) can import the suite, the adapters' registry
+    and the math: their module-level imports name none of the trainer's packages, nor the trainer
+    or the tasks (which import them). tests/test_wheel_install.py runs the suite so installed."""
+    files = [*(ROOT / "conformance").glob("*.py"), *(ROOT / "ppo_ref").glob("*.py")]
+    files += [*(ROOT / "ppo_ref" / "adapters").glob("*.py")]
+    files.remove(ROOT / "ppo_ref" / "cli.py")  # the command: it checks for the extra first
+    assert len(files) > 40
+    for path in files:
+        for name in _top_level_imports(path):
+            top = name.split(".")[0]
+            assert top not in TRAINER_STACK, f"{path.relative_to(ROOT)} imports {name} at module level"
+            assert not name.startswith(("ppo_ref.trainer", "ppo_ref.tasks")), (
+                f"{path.relative_to(ROOT)}: {name}"
+            )
+
+
+def test_the_license_is_an_spdx_expression_with_its_file() -> None:
+    """The current form (setuptools >= 77), so that a build prints no ``project.license`` warning;
+    tests/test_wheel_install.py checks the build's output and the wheel's metadata."""
+    from importlib import metadata
+
+    project = PYPROJECT["project"]
+    assert project["license"] == "Apache-2.0"
+    assert project["license-files"] == ["LICENSE"]
+    assert (ROOT / "LICENSE").read_text(encoding="utf-8").split()[:4] == [
+        "Apache",
+        "License",
+        "Version",
+        "2.0,",
+    ]
+    assert PYPROJECT["build-system"]["requires"] == ["setuptools>=77"]
+    installed = tuple(int(part) for part in metadata.version("setuptools").split(".")[:2])
+    assert installed >= (77, 0), "the venv's setuptools cannot build the current license form"
 
 
 def test_the_spec_has_a_version_and_the_changelog_describes_it() -> None:
@@ -235,3 +305,35 @@ def test_the_checkout_loads_one_copy_of_the_suite_and_tests_alone_load_none() ->
     out, loaded = modules("tests/test_spec_cases.py", "-k", "GAE-2")
     assert "ppo-ref conformance:" not in out
     assert "conformance.hooks" not in loaded
+
+
+def test_the_plugin_puts_the_invocation_dir_on_sys_path_for_an_adapter_module_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain ``pytest`` (unlike ``python -m pytest``) leaves the current directory off ``sys.path``."""
+    (tmp_path / "adapter_here_xyz.py").write_text("def make():\n    return None\n", encoding="utf-8")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert plugin.adapter_dir_on_path("adapter_here_xyz:make", tmp_path) is True
+    assert sys.path[0] == str(tmp_path)
+    assert plugin.adapter_dir_on_path("adapter_here_xyz:make", tmp_path) is False  # importable now
+    assert plugin.adapter_dir_on_path("mine", tmp_path) is False  # a name, not a module
+    assert plugin.adapter_dir_on_path("json:loads", tmp_path) is False  # importable anyway
+    assert plugin.adapter_dir_on_path("not_here_xyz:make", tmp_path) is False  # not in the directory
+    assert sys.path.count(str(tmp_path)) == 1
+    with pytest.raises(ValueError, match="impl, invocation_dir: expected a string and a Path"):
+        plugin.adapter_dir_on_path("adapter_here_xyz:make", str(tmp_path))  # type: ignore[arg-type]
+
+
+@pytest.mark.multiprocess  # the pytest script, in a fresh process
+def test_plain_pytest_runs_the_suite_on_an_adapter_in_the_current_directory(tmp_path: Path) -> None:
+    shutil.copy2(ROOT / "examples" / "my_ppo_adapter.py", tmp_path / "my_ppo_adapter.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PPO_REF_IMPL")}
+    run = subprocess.run(
+        [str(Path(sys.executable).with_name("pytest")), "--pyargs", "ppo_ref_conformance",
+         "--impl=my_ppo_adapter:make_adapter", "--conformance-output=compact", "--conformance-examples=2",
+         "-p", "no:cacheprovider"],
+        cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "ppo-ref conformance: --impl=my_ppo_adapter:make_adapter -> my-trainer" in run.stdout

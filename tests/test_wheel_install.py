@@ -1,6 +1,9 @@
-"""The conformance suite as a user installs it (issue 13): build the wheel, install it in a fresh
-virtual environment, and run the documented command and ``run_conformance`` against
-``examples/my_ppo_adapter.py`` copied outside the repository. The reports must be the checkout's.
+"""The conformance suite as a user installs it (issues 13, 24): build the wheel, install it in a fresh
+virtual environment with the README's install lines (the extra ``conformance`` only, no trainer),
+and run the documented commands (``python -m pytest`` and plain ``pytest``) and ``run_conformance``
+against ``examples/my_ppo_adapter.py`` copied outside the repository. The reports must be the
+checkout's; the build prints no license deprecation warning; the install pulls none of the
+trainer's packages, and ``ppo-ref train`` there says which extra it needs.
 
 About 2 minutes the first time (creating the environment and installing torch and the wheel's
 dependencies from pip's cache), most of it pip."""
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -21,6 +25,8 @@ from typing import Any
 import pytest
 
 from conformance.cases import CASES_DIR, SPEC_VERSION
+from tests.test_packaging import TRAINER_STACK
+from tests.test_readme_install import commands, section
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "2.13.0"  # ./dev's pin: an unpinned torch would pull a multi-GB CUDA build
@@ -54,25 +60,50 @@ def _comparable_markdown(path: Path) -> list[str]:
     return kept
 
 
+def _readme_install_lines() -> dict[str, list[str]]:
+    """The README's install lines (section "Installing"), by what they do, split as the shell would."""
+    lines = [shlex.split(line) for line in commands(section("Installing"))]
+    by_role = {
+        "torch": next(w for w in lines if "torch==" + TORCH in w and "--index-url" in w),
+        "wheel": next(w for w in lines if w[3:4] == ["wheel"]),
+        "install": next(w for w in lines if any(".whl[conformance]" in word for word in w)),
+        "suite": next(w for w in lines if w[1:3] == ["-m", "pytest"]),
+    }
+    assert all(words[0] == "python" for words in by_role.values()), by_role
+    return by_role
+
+
 def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_checkouts_report(
     tmp_path: Path,
 ) -> None:
-    # Build from a copy of the sources, so that the build writes nothing into the checkout.
+    readme = _readme_install_lines()
+    # Build from a copy of the sources, so that the build writes nothing into the checkout; the
+    # README's line, without build isolation (which would fetch setuptools from an index).
     source = tmp_path / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", *(p.name for p in ROOT.glob("*.py"))):
         shutil.copy2(ROOT / name, source / name)
     for name in ("ppo_ref", "conformance", "spec"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
-    wheels = tmp_path / "wheels"
-    _run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", ".", "-w", str(wheels)],
-        source,
+    assert readme["wheel"] == ["python", "-m", "pip", "wheel", "--no-deps", ".", "-w", "dist"]
+    build = _run(
+        [sys.executable, *readme["wheel"][1:5], "--no-build-isolation", *readme["wheel"][5:]], source
     )
-    (wheel,) = wheels.glob("ppo_ref-*.whl")
+    assert "project.license" not in build.stdout + build.stderr, "setuptools' license deprecation warning"
+    (wheel,) = (source / "dist").glob("ppo_ref-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt")))
+        wheel_metadata = archive.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert (
+        "License-Expression: Apache-2.0\n" in wheel_metadata and "License-File: LICENSE\n" in wheel_metadata
+    )
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    requires = [
+        line.partition(" ")[2] for line in wheel_metadata.splitlines() if line.startswith("Requires-Dist:")
+    ]
+    base = {re.split(r"[<>=;\[ ]", r)[0] for r in requires if "extra ==" not in r}
+    assert base == {"torch", "numpy"}, "the wheel's dependencies without an extra"
     assert not any(name.startswith("conformance/") for name in names), "a top-level conformance package"
     shipped_cases = {n.rsplit("/", 1)[1] for n in names if n.startswith("ppo_ref_conformance/spec/cases/")}
     assert shipped_cases == {path.name for path in CASES_DIR.glob("*.json")}
@@ -80,17 +111,40 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_
     assert "ppo_ref_conformance/plugin.py" in names and "ppo_ref_conformance/api.py" in names
     assert "[pytest11]\nppo_ref_conformance = ppo_ref_conformance.plugin" in entry_points.decode()
 
-    # A fresh environment: torch first (the CPU build), then the wheel with its dependencies and
-    # the test tools at the checkout's versions.
+    # A fresh environment, with the README's lines: torch first (the CPU build; this machine's pip
+    # finds it without the README's --index-url), then the wheel with the extra conformance and
+    # torch pinned again; the test tools at the checkout's versions.
     venv = tmp_path / "venv"
     _run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", str(venv)], tmp_path)
     python = str(venv / "bin" / "python")
-    _run([python, "-m", "pip", "install", "--quiet", f"torch=={TORCH}"], tmp_path)
+    torch_line = readme["torch"][: readme["torch"].index("--index-url")]
+    assert torch_line == ["python", "-m", "pip", "install", f"torch=={TORCH}"]
+    _run([python, *torch_line[1:], "--quiet"], tmp_path)
     pins = [f"pytest=={metadata.version('pytest')}", f"hypothesis=={metadata.version('hypothesis')}"]
-    _run(
-        [python, "-m", "pip", "install", "--quiet", f"{wheel}[conformance]", *pins, f"torch=={TORCH}"],
-        tmp_path,
+    assert readme["install"][1:] == [
+        "-m",
+        "pip",
+        "install",
+        f"dist/{wheel.name}[conformance]",
+        f"torch=={TORCH}",
+    ]
+    _run([python, *readme["install"][1:], *pins, "--quiet"], source)
+    # The suite-only install: none of the trainer's packages, and the command says which extra
+    installed = {
+        line.split("==")[0].split(" @ ")[0].lower()
+        for line in _run([python, "-m", "pip", "freeze"], tmp_path).stdout.splitlines()
+    }
+    assert not TRAINER_STACK & installed, f"the suite-only install pulled {TRAINER_STACK & installed}"
+    assert {"ppo-ref", "pytest", "hypothesis", "numpy"} <= installed
+    train = subprocess.run(
+        [str(venv / "bin" / "ppo-ref"), "train", "--out", str(tmp_path / "run")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert train.returncode == 2, train.stdout + train.stderr
+    assert train.stderr.startswith("ppo-ref train: error: the trainer needs transformers, accelerate"), (
+        train.stderr
     )
+    assert 'pip install "ppo-ref[trainer]"' in train.stderr and "Traceback" not in train.stderr
 
     # The user's repository: their adapter, nothing of ppo-ref's.
     user = tmp_path / "users_repo"
@@ -112,8 +166,17 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_
         assert Path(path).is_relative_to(venv), f"{path} is not the installed package"
     assert installed_spec == SPEC_VERSION
 
-    installed = _run([python, *COMMAND, *OPTIONS, "--conformance-report=installed"], user, env)
-    assert "ppo-ref conformance: --impl=my_ppo_adapter:make_adapter -> my-trainer" in installed.stdout
+    installed_run = _run([python, *COMMAND, *OPTIONS, "--conformance-report=installed"], user, env)
+    assert "ppo-ref conformance: --impl=my_ppo_adapter:make_adapter -> my-trainer" in installed_run.stdout
+    # The README's line (compact output), and the plain pytest script, which does not put the
+    # current directory on sys.path: the suite does, for the adapter module found there.
+    assert readme["suite"] == ["python", *COMMAND, "--conformance-output=compact"]
+    compact = _run([python, *readme["suite"][1:], *OPTIONS], user, env)
+    assert "passed" in compact.stdout.splitlines()[-1] and "failed" not in compact.stdout.splitlines()[-1]
+    plain = _run(
+        [str(venv / "bin" / "pytest"), *COMMAND[2:], *OPTIONS, "--conformance-report=plain"], user, env
+    )
+    assert "ppo-ref conformance: --impl=my_ppo_adapter:make_adapter -> my-trainer" in plain.stdout
     api = _run(
         [
             python,
@@ -157,7 +220,7 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_
     assert verdicts["GAE-2"] == "pass" and verdicts["PG-3"] == "declared convention"
     assert verdicts["KL-1"] == "not provided" and verdicts["EV-1"] == "not applicable"
     assert expected_json["spec_version"] == SPEC_VERSION
-    for stem in ("installed", "api"):
+    for stem in ("installed", "api", "plain"):
         assert _comparable_json(user / f"{stem}.json") == expected_json, stem
         assert _comparable_markdown(user / f"{stem}.md") == _comparable_markdown(
             checkout_stem.with_suffix(".md")

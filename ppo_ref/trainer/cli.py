@@ -11,7 +11,8 @@ fields that do not determine the run's math (``--iterations`` is the run's total
 a new directory and defaults to the checkpoint's run directory).
 
 Exit status: 0 done; 1 the run stopped on an error of its own (a bad score, a failed runtime check);
-2 a bad command line, config or input file; 130 stopped by SIGINT/SIGTERM after writing a checkpoint.
+2 a bad command line, config or input file, or the extra ``trainer`` not installed; 130 stopped by
+SIGINT/SIGTERM after writing a checkpoint.
 """
 
 from __future__ import annotations
@@ -94,8 +95,9 @@ your own reward: --reward module:function, a Python function
 --overwrite (replace its files) or --resume (continue it).
 
 exit status: 0 done; 1 the run stopped on an error of its own (a bad score, a failed runtime
-check); 2 a bad command line, config or input file (checked before any work); 130 stopped by
-SIGINT/SIGTERM after writing a checkpoint (continue with --resume OUT).
+check); 2 a bad command line, config or input file, or the trainer's packages not installed
+(pip install "ppo-ref[trainer]"; checked before any work); 130 stopped by SIGINT/SIGTERM after
+writing a checkpoint (continue with --resume OUT).
 """
 
 
@@ -345,13 +347,21 @@ def _apply_threads(threads: int | None) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     started = time.perf_counter()
+    from ppo_ref.trainer.requirements import missing_requirements, missing_trainer_message
+
+    missing = missing_requirements()
+    if missing:  # the suite-only install: say so before anything imports transformers
+        print(f"ppo-ref train: error: {missing_trainer_message(missing)}", file=sys.stderr)
+        return 2
     try:
         config, user_fields = resolve_config(args)
         _apply_threads(config.threads)
-        from ppo_ref.trainer.setup import check_paths
+        from ppo_ref.trainer.setup import check_paths, prompts_file_summary
 
         check_paths(config)
         check_output_dir(config.out, args.resume, args.overwrite)
+        if config.prompts is not None:
+            _say(prompts_file_summary(config.prompts, config.seed))
         if config.policy is None or config.reward is None or config.prompts is None:
             _say(
                 f"building task {config.task!r} (seed {config.seed}; its tiny model is trained briefly first)"

@@ -55,7 +55,8 @@ class TrainerConfig:
     reference: str | None = None
     """Local causal-LM checkpoint for the frozen KL reference (None = a copy of the initial policy)."""
     prompts: str | None = None
-    """JSONL file of prompts, one {"prompt": ...} per line (optional "split": "train"|"eval")."""
+    """JSONL file of prompts, one {"prompt": ...} per line (optional "split": "train"|"eval"; without
+    any, 10% is held out for evaluation); blank lines are skipped, and the command says how many."""
 
     # -- 1-2: prompts and generation ------------------------------------------------------------
     rollout_batch_size: int = 64

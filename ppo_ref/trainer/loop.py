@@ -11,6 +11,7 @@ stages hand on: :mod:`ppo_ref.trainer.data`.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -29,6 +30,7 @@ from ppo_ref.trainer.data import EvalResult, Rollout
 from ppo_ref.trainer.interrupt import StopRequest
 from ppo_ref.trainer.metrics import (
     AuditLog,
+    IdenticalScoreWatch,
     MetricsLogger,
     ProgressBar,
     audit_records,
@@ -135,6 +137,24 @@ class PPOTrainer(TrainerState):
         """The first ``count`` samples in full (:func:`ppo_ref.trainer.metrics.audit_records`)."""
         return audit_records(rollout, count, critic=self.config.uses_critic)
 
+    def run_title(self) -> str:
+        """The plots' title: the task (or policy) and seed, and the reward when ``--reward`` set it.
+
+        Example: ``"positive-review, seed 0"``; with ``reward = "my_rewards:vowels"``:
+        ``"reward my_rewards:vowels (policy positive-review), seed 0"``.
+        """
+        if self.config.reward is None:
+            return f"{self.setup.name}, seed {self.config.seed}"
+        return f"reward {self.config.reward} (policy {self.setup.name}), seed {self.config.seed}"
+
+    @staticmethod
+    def _warn(message: str, status: Callable[[str], None] | None, progress: ProgressBar) -> None:
+        """A warning on the command's status lines, or as a Python ``RuntimeWarning`` without them."""
+        if status is None:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        else:
+            progress.write(lambda: status(f"warning: {message}"))
+
     # -- the run -----------------------------------------------------------------------------------
 
     def train(
@@ -171,6 +191,7 @@ class PPOTrainer(TrainerState):
         interrupted: str | None = None
         audit = AuditLog(out_dir, enabled=main, keep_before=start if self.resumed_from else None)
         progress = ProgressBar(config.iterations, config.progress_bar and main, initial=start)
+        identical_scores = IdenticalScoreWatch()
         ppo_started = time.perf_counter()
         try:
             with StopRequest() as stop, MetricsLogger(out_dir, config.tensorboard, enabled=main) as logger:
@@ -197,6 +218,9 @@ class PPOTrainer(TrainerState):
                     record["tokens_per_second"] = float(rollout.mask.sum()) / record["seconds_iteration"]
                     logger.write(record)
                     progress.update(record)
+                    warning = identical_scores.observe(rollout)
+                    if warning is not None and main:
+                        self._warn(warning, status, progress)
                     records.append(record)
                     self.history = records
                     # Checkpoints, and a clean stop on a signal (decided together by all processes).
@@ -227,9 +251,7 @@ class PPOTrainer(TrainerState):
         if config.plots and records and main:
             say("writing the plots")
             evaluations = {0: initial.score, len(records): None if final is None else final.score}
-            plot_metrics(
-                out_dir, records, run=f"{self.setup.name}, seed {config.seed}", evaluations=evaluations
-            )
+            plot_metrics(out_dir, records, run=self.run_title(), evaluations=evaluations)
         summary: dict[str, Any] = {
             "task": self.setup.name,
             "reward": reward_provenance(self.setup),

@@ -34,10 +34,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECK_METRICS",
+    "IDENTICAL_SCORE_ITERATIONS",
     "PLOTS",
     "REQUIRED_METRICS",
     "STAGE_SECONDS",
     "AuditLog",
+    "IdenticalScoreWatch",
     "MetricsLogger",
     "ProgressBar",
     "audit_records",
@@ -227,10 +229,61 @@ class ProgressBar:
         )
         self._bar.update(1)
 
+    def write(self, line: Callable[[], None]) -> None:
+        """Run ``line`` (which prints a line) with the bar out of the way, then redraw the bar."""
+        if self._bar is None:
+            line()
+            return
+        with self._bar.external_write_mode():
+            line()
+
     def close(self) -> None:
         """Close the bar."""
         if self._bar is not None:
             self._bar.close()
+
+
+IDENTICAL_SCORE_ITERATIONS = 3
+"""Iterations in a row whose scores are all the same before :class:`IdenticalScoreWatch` warns."""
+
+
+class IdenticalScoreWatch:
+    """Warns, once per run, when the reward gives every response the same score ``iterations``
+    iterations in a row.
+
+    Within such an iteration the reward tells no response from another: the advantages carry no
+    preference from it (a group baseline makes them 0), so the policy learns nothing from the
+    reward (only from the missing-EOS score, where it applies). :meth:`observe` takes each
+    iteration's rollout and returns the warning the first time the run of such iterations reaches
+    ``iterations``, else None. It looks at the reward's own scores (``scored.raw``, before the
+    missing-EOS rule) of the valid samples; an iteration with fewer than two counts as not identical.
+    """
+
+    def __init__(self, iterations: int = IDENTICAL_SCORE_ITERATIONS) -> None:
+        if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
+            raise ValueError(f"iterations: expected an int >= 1, got {iterations!r}")
+        self.iterations = iterations
+        self._values: list[float] = []
+        self.warned = False
+
+    def observe(self, rollout: Rollout) -> str | None:
+        """Count ``rollout``'s iteration; the warning when it completes the run of identical ones."""
+        scores = rollout.scored.raw[rollout.valid.cpu()]
+        identical = scores.numel() > 1 and bool((scores == scores[0]).all())
+        self._values = [*self._values, float(scores[0])] if identical else []
+        if self.warned or len(self._values) < self.iterations:
+            return None
+        self.warned = True
+        first = rollout.iteration - self.iterations + 2  # 1-based, as the progress bar counts
+        values = sorted(set(self._values))
+        shown = ", ".join(f"{v:g}" for v in values[:3]) + (", ..." if len(values) > 3 else "")
+        return (
+            f"the reward gave every response the same score within each of iterations {first}-"
+            f"{rollout.iteration + 1} ({scores.numel()} responses each; score {shown}): it does not "
+            "tell the responses apart, so the policy learns nothing from it (only from the "
+            "missing-EOS score, if a response lacks EOS). Check that the reward can return different "
+            "scores (is it constant, or always clipped?)"
+        )
 
 
 def write_summary(out_dir: Path, summary: Mapping[str, Any]) -> Path:

@@ -39,6 +39,8 @@ __all__ = [
     "is_reward_function_spec",
     "load_prompts",
     "load_reward_function",
+    "probe_reward_function",
+    "prompts_file_summary",
 ]
 
 RewardFunction = Callable[[Sequence[str], Sequence[str]], Sequence[float]]
@@ -96,6 +98,45 @@ def load_reward_function(spec: str) -> RewardFunction:
     return function
 
 
+_PROBE_PROMPTS = ("a prompt", "another prompt", "a third prompt")
+_PROBE_RESPONSES = ("a response", "", "another, longer response.")
+
+
+def probe_reward_function(function: RewardFunction, spec: str, prompts: Sequence[str] = ()) -> None:
+    """Call the reward function ``spec`` once on a probe batch of three samples (the first prompts
+    of ``prompts``, else placeholders, with three made-up responses) and fail before any work if
+    it does not return one score per response.
+
+    A function that raises on the probe is left to the run, which checks every batch (its
+    ``on_bad_score``); only the number of scores is checked here. Raises ``ValueError`` naming the
+    config field ``reward``.
+    """
+    if not callable(function):
+        raise ValueError(f"function: expected a callable, got {type(function).__name__}")
+    if not isinstance(spec, str) or not spec:
+        raise ValueError(f"spec: expected the --reward value, got {spec!r}")
+    pool = [p for p in prompts if isinstance(p, str)] or list(_PROBE_PROMPTS)
+    probe_prompts = [pool[i % len(pool)] for i in range(len(_PROBE_RESPONSES))]
+    try:
+        result = function(probe_prompts, list(_PROBE_RESPONSES))
+    except Exception:
+        return  # made-up inputs may be refused; the run's own batches are checked one by one
+    try:
+        count = len(list(result))
+    except TypeError:
+        raise ValueError(
+            f"config field 'reward': {spec!r} returned a {type(result).__name__} for a probe batch of "
+            f"{len(probe_prompts)} responses (checked before any work); expected a list of one score "
+            "per response, in order"
+        ) from None
+    if count != len(probe_prompts):
+        raise ValueError(
+            f"config field 'reward': {spec!r} returned {count} score{'s' * (count != 1)} for a probe "
+            f"batch of {len(probe_prompts)} responses (checked before any work); expected one score "
+            "per response, in order"
+        )
+
+
 def available_tasks() -> list[str]:
     """Names of the built-in tasks (empty if the task registry is not available)."""
     try:
@@ -122,16 +163,18 @@ def _build_task(name: str, seed: int) -> Task:
 
 def check_paths(config: TrainerConfig) -> None:
     """Fail before any work if --policy, --reference, --reward or --prompts do not exist or are not
-    what they should be (a model directory with config.json, a reward function that imports, a valid
+    what they should be (a model directory with config.json, a reward function that imports and
+    returns one score per response on a probe batch (:func:`probe_reward_function`), a valid
     prompts file), or the task is unknown."""
     if not isinstance(config, TrainerConfig):
         raise ValueError(f"config: expected a TrainerConfig, got {type(config).__name__}")
+    reward_function: RewardFunction | None = None
     for name in ("policy", "reference", "reward", "prompts"):
         value = getattr(config, name)
         if value is None:
             continue
         if name == "reward" and is_reward_function_spec(value):
-            load_reward_function(value)
+            reward_function = load_reward_function(value)
             continue
         if not Path(value).exists():
             hint = " (nor is it a Python function 'module:function')" if name == "reward" else ""
@@ -140,8 +183,11 @@ def check_paths(config: TrainerConfig) -> None:
             raise ValueError(
                 f"config field {name!r}: {value} is not a local Hugging Face checkpoint (no config.json)"
             )
+    train_prompts: list[str] = []
     if config.prompts is not None:
-        load_prompts(config.prompts, config.seed)
+        train_prompts = load_prompts(config.prompts, config.seed)[0]
+    if reward_function is not None and config.reward is not None:
+        probe_reward_function(reward_function, config.reward, train_prompts)
     needs_task = config.policy is None or config.reward is None or config.prompts is None
     names = available_tasks()
     if needs_task and names and config.task not in names:
@@ -152,33 +198,10 @@ def load_prompts(path: str | Path, seed: int) -> tuple[list[str], list[str]]:
     """``(train, eval)`` prompts from a JSONL file of ``{"prompt": str, "split": "train"|"eval"}``.
 
     Without any ``split`` field, a seeded 10% (at least one prompt) is held out for evaluation.
+    Blank lines (empty or whitespace only) are skipped; :func:`prompts_file_summary` counts them.
     Errors name the file and the line.
     """
-    rows: list[tuple[str, str | None]] = []
-    try:
-        with open(path, "rb") as handle:
-            lines = handle.read().split(b"\n")
-    except OSError as error:
-        raise ValueError(f"{path}: cannot read the prompts file ({error.strerror})") from None
-    for number, raw in enumerate(lines, start=1):
-        try:
-            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a leading BOM is fine
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
-        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"]:
-            raise ValueError(f'{path}:{number}: expected an object with a non-empty "prompt" string')
-        split = item.get("split")
-        if split not in (None, "train", "eval"):
-            raise ValueError(f'{path}:{number}: "split" must be "train" or "eval", got {split!r}')
-        rows.append((item["prompt"], split))
-    if not rows:
-        raise ValueError(f"{path}: no prompts (the file is empty or holds only blank lines)")
+    rows, _ = _read_prompts(path)
     if any(split is not None for _, split in rows):
         train = [p for p, s in rows if s != "eval"]
         held_out = [p for p, s in rows if s == "eval"]
@@ -192,6 +215,52 @@ def load_prompts(path: str | Path, seed: int) -> tuple[list[str], list[str]]:
     if not train or not held_out:
         raise ValueError(f"{path}: expected at least one training and one evaluation prompt")
     return train, held_out
+
+
+def prompts_file_summary(path: str | Path, seed: int) -> str:
+    """What :func:`load_prompts` read from ``path``, for the command's status line: e.g.
+    ``"20 prompts from p.jsonl (18 for training, 2 held out); 3 blank lines skipped"``."""
+    train, held_out = load_prompts(path, seed)
+    _, blank = _read_prompts(path)
+    skipped = f"; {blank} blank line{'s' * (blank != 1)} skipped" if blank else ""
+    return (
+        f"{len(train) + len(held_out)} prompts from {path} ({len(train)} for training, "
+        f"{len(held_out)} held out){skipped}"
+    )
+
+
+def _read_prompts(path: str | Path) -> tuple[list[tuple[str, str | None]], int]:
+    """The ``(prompt, split)`` rows of a prompts file and the number of blank lines skipped (a
+    trailing newline ends the last line: it is not a blank line)."""
+    rows: list[tuple[str, str | None]] = []
+    blank = 0
+    try:
+        with open(path, "rb") as handle:
+            lines = handle.read().split(b"\n")
+    except OSError as error:
+        raise ValueError(f"{path}: cannot read the prompts file ({error.strerror})") from None
+    for number, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a leading BOM is fine
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
+        if not line.strip():
+            if number < len(lines) or line:  # the empty string after a final newline is no line
+                blank += 1
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not valid JSON ({error.msg})") from None
+        if not isinstance(item, dict) or not isinstance(item.get("prompt"), str) or not item["prompt"]:
+            raise ValueError(f'{path}:{number}: expected an object with a non-empty "prompt" string')
+        split = item.get("split")
+        if split not in (None, "train", "eval"):
+            raise ValueError(f'{path}:{number}: "split" must be "train" or "eval", got {split!r}')
+        rows.append((item["prompt"], split))
+    if not rows:
+        raise ValueError(f"{path}: no prompts (the file is empty or holds only blank lines)")
+    return rows, blank
 
 
 def _same_vocabulary(first: PreTrainedTokenizerBase, second: PreTrainedTokenizerBase) -> bool:

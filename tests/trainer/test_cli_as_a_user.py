@@ -202,11 +202,13 @@ def test_reward_module_function_from_the_command_line_and_toml(tmp_path: Path) -
     }
     assert summary["config"]["reward"] == "my_rewards:vowels"
     assert summary["config"]["task"] is None  # no built-in task was used: none is claimed
-    # The plots are titled with the metric and the run, and the critic's explained variance has one.
+    # The plots are titled with the metric and the run (its reward, then its policy), and the
+    # critic's explained variance has one.
+    run = f"reward my_rewards:vowels (policy {inputs['policy']}), seed 0"
     for name, label in (("score.png", "mean score"), ("explained_variance.png", "critic explained variance")):
         png = (tmp_path / "flag" / name).read_bytes()
         assert png[:4] == b"\x89PNG"
-        assert f"Title\x00{label} - {inputs['policy']}, seed 0".encode() in png
+        assert f"Title\x00{label} - {run}".encode() in png
     audit = [json.loads(line) for line in (tmp_path / "flag" / "rollouts.jsonl").read_text().splitlines()]
     for item in audit:
         text = item["response"]

@@ -9,15 +9,23 @@
 # 2 iterations with a checkpoint after each, checks that the run ended cleanly with finite metrics
 # and a checkpoint iter-000002, then resumes it to 3 iterations (DeepSpeed: checks that resuming is
 # refused with a clear error, since its optimizer state is not saved). With 2 or more GPUs it also
-# trains the same run in one process and in NPROC DDP processes in float32 without autocast, and
-# reports the largest parameter difference (the CPU test asserts equality to 1e-6 in float64; on GPUs
-# the kernels differ with the batch shape, so the difference is reported, and flagged above 1e-3).
+# trains the same run in one process, in NPROC DDP processes and in NPROC FSDP2 processes, in
+# float32 without autocast, and reports the largest parameter difference of each against one
+# process (the CPU tests assert equality to 1e-6 in float64; on GPUs the kernels differ with the
+# batch shape, so the difference is reported, and flagged above 1e-3).
 # DeepSpeed configs are skipped, with the reason, when the deepspeed package is not installed.
+#
+# What the CPU tests already prove, on two gloo processes (tests/reliability/): DDP and FSDP2 give
+# the one-process run (float64, parameters to 1e-6), an FSDP2 checkpoint resumes exactly, and
+# sharded generation keeps every process sampling until all have ended. What only this script
+# checks: NCCL and CUDA devices, bf16 autocast (the default on GPUs), DeepSpeed ZeRO-2 and ZeRO-3,
+# and more than two processes.
 #
 # Needs: a CUDA GPU, this repository installed (pip install -e .), accelerate; deepspeed optional.
 # NPROC (default: the number of GPUs) must divide 16. PYTHON picks the interpreter (default python).
-# GPU_CHECK_CPU_DRY_RUN=1 runs the DDP steps on the CPU in one process (to check this script's
-# plumbing on a machine without a GPU; nothing about GPUs is learnt from it).
+# GPU_CHECK_CPU_DRY_RUN=1 runs the DDP and FSDP2 steps on CPU processes (NPROC, default 2, over
+# gloo) to check this script's plumbing on a machine without a GPU; nothing about GPUs is learnt
+# from it.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -32,9 +40,9 @@ failures=0
 
 GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 if [[ "$DRY_RUN" == "1" ]]; then
-    NPROC=1
-    LAUNCH_EXTRA=(--cpu)
-    echo "dry run on the CPU (GPU_CHECK_CPU_DRY_RUN=1): DDP config only, one process" | tee -a "$RESULTS"
+    NPROC=${NPROC:-2}
+    LAUNCH_EXTRA=()
+    echo "dry run on CPU processes (GPU_CHECK_CPU_DRY_RUN=1): DDP and FSDP2 configs over gloo" | tee -a "$RESULTS"
 elif [[ "$GPUS" -lt 1 ]]; then
     echo "no CUDA GPU found (torch.cuda.device_count() = 0); nothing to check" >&2
     exit 1
@@ -109,7 +117,7 @@ record() {  # record NAME STATUS DETAIL
 }
 
 CONFIGS=(ddp deepspeed_zero2 deepspeed_zero3 fsdp2)
-if [[ "$DRY_RUN" == "1" ]]; then CONFIGS=(ddp); fi
+if [[ "$DRY_RUN" == "1" ]]; then CONFIGS=(ddp fsdp2); fi
 HAVE_DEEPSPEED=$("$PYTHON" -c "import importlib.util as u; print(int(u.find_spec('deepspeed') is not None))")
 
 for config in "${CONFIGS[@]}"; do
@@ -149,34 +157,43 @@ for config in "${CONFIGS[@]}"; do
     fi
 done
 
-# One process against NPROC DDP processes, float32 without autocast, same global batch.
+# One process against NPROC DDP processes and NPROC FSDP2 processes, float32 without autocast,
+# the same global batch.
 if [[ "$NPROC" -ge 2 ]]; then
     # shellcheck disable=SC2046
     if launch ddp 1 "$OUT/equal.one.log" train $(common_args) --out "$OUT/equal-one" --iterations 2 \
-        --mixed-precision no \
-        && launch ddp "$NPROC" "$OUT/equal.many.log" train $(common_args) --out "$OUT/equal-many" \
-            --iterations 2 --mixed-precision no; then
-        detail=$("$PYTHON" - "$OUT/equal-one" "$OUT/equal-many" <<'EOF'
+        --mixed-precision no; then
+        for config in ddp fsdp2; do
+            # shellcheck disable=SC2046
+            if ! launch "$config" "$NPROC" "$OUT/equal.$config.log" train $(common_args) \
+                --out "$OUT/equal-$config" --iterations 2 --mixed-precision no; then
+                record "$config 1-vs-$NPROC" FAIL "the $NPROC-process run failed (see $OUT/equal.$config.log)"
+                continue
+            fi
+            detail=$("$PYTHON" - "$OUT/equal-one" "$OUT/equal-$config" "$config" <<'EOF'
 import json, sys
 from ppo_ref.trainer import load_checkpoint
 one, many = (load_checkpoint(p) for p in sys.argv[1:3])
+backend = many.state["data_parallel"]
 worst = 0.0
 for name in ("policy", "critic"):
     a, b = one.state_dict(name), many.state_dict(name)
     worst = max(worst, max(float((a[k] - b[k]).abs().max()) for k in a))
 same = [json.loads(l)["response_ids"] for l in (one.path.parents[1] / "rollouts.jsonl").read_text().splitlines()]
 also = [json.loads(l)["response_ids"] for l in (many.path.parents[1] / "rollouts.jsonl").read_text().splitlines()]
-print(f"max |parameter difference| {worst:.3e}; audited samples identical: {same == also}")
-sys.exit(0 if worst < 1e-3 and same == also else 1)
+print(f"{backend}: max |parameter difference| {worst:.3e}; audited samples identical: {same == also}")
+expected = "fsdp" if sys.argv[3] == "fsdp2" else "ddp"
+sys.exit(0 if worst < 1e-3 and same == also and backend == expected else 1)
 EOF
-        ) && status=0 || status=$?
-        if [[ "$status" == "0" ]]; then
-            record "1-vs-$NPROC" PASS "$detail"
-        else
-            record "1-vs-$NPROC" FAIL "$detail"
-        fi
+            ) && status=0 || status=$?
+            if [[ "$status" == "0" ]]; then
+                record "$config 1-vs-$NPROC" PASS "$detail"
+            else
+                record "$config 1-vs-$NPROC" FAIL "$detail"
+            fi
+        done
     else
-        record "1-vs-$NPROC" FAIL "a run failed (see $OUT/equal.*.log)"
+        record "1-vs-$NPROC" FAIL "the one-process run failed (see $OUT/equal.one.log)"
     fi
 else
     record "1-vs-N" SKIP "needs 2 or more GPUs (NCCL cannot put two processes on one GPU)"

@@ -96,7 +96,8 @@ def test_two_fsdp2_processes_train_like_one(runs: SimpleNamespace) -> None:
         load_file(str(p / "optimizer.safetensors")) for p in (final_one, final_two)
     )
     assert _worst(optimizer_one, optimizer_two) < 1e-6
-    assert max(float(t.abs().max()) for t in optimizer_one.values()) > 1e-4  # AdamW moments were kept
+    moments = [t for t in optimizer_one.values() if t.numel() > 1]  # not the step counts
+    assert max(float(t.abs().max()) for t in moments) > 1e-3  # AdamW moments were kept
 
     audit_one, audit_two = (
         read_records(runs.one / "rollouts.jsonl"),

@@ -1,6 +1,6 @@
 """The README's install and CI commands, as a user copies them (issue 24): torch pinned wherever a
 pip line installs it, the suite's example commands with compact output, the install section's
-wheel name matching the package.
+wheel name matching the package, and the trainer-step section naming every built-in runner.
 
 The install section's commands themselves run in ``tests/test_wheel_install.py`` (slow): the built
 wheel, installed with the extra ``conformance`` only, in a fresh virtual environment.
@@ -12,6 +12,8 @@ import re
 import shlex
 import sys
 from pathlib import Path
+
+from ppo_ref.adapters.step import BUILTIN_STEP_RUNNERS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -90,3 +92,11 @@ def test_the_install_section_builds_and_installs_this_versions_wheel() -> None:
     for extra in ("conformance", "trainer"):
         assert f'"ppo-ref[{extra}]"' in install
     assert "python -m pytest" in install and "plain `pytest`" in install  # item e: both documented
+
+
+def test_the_step_tier_section_names_every_built_in_step_runner() -> None:
+    text = section("The trainer-step tier: one step of a library's own training code")
+    for name, target in BUILTIN_STEP_RUNNERS.items():
+        module = target.partition(":")[0]
+        assert f"--impl={name} " in text or module in text, name
+    assert not re.search(r"verl[^.]*\bno runner", text), "the section says verl has no step runner"

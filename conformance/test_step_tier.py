@@ -19,6 +19,10 @@ from collections.abc import Callable
 import pytest
 
 from ppo_ref.adapters.step import (
+    RATIO_TOLERANCE,
+    RELATIVE_TOLERANCE,
+    SUITE_BUDGET,
+    SUITE_PROMPT_LENGTH,
     StepBatch,
     StepResult,
     StepRunner,
@@ -32,12 +36,9 @@ from ppo_ref.adapters.step import (
 
 from .support import Context
 
-RELATIVE_TOLERANCE = 1e-5
-"""Of the gradient's largest entry: float32 trainers agree to about 1e-7 relative, float64 to 1e-16."""
-RATIO_TOLERANCE = 1e-6
-"""STEP-1: ``max |logp - old_logp|`` over the action tokens before any update."""
-BUDGET = 6
-PROMPT_LENGTH = 9  # pad_to = 9 pads the completions only; pad_to = 10 also left-pads the prompts by 1
+BUDGET = SUITE_BUDGET
+# pad_to = 9 pads the completions only; pad_to = 10 also left-pads the prompts by 1
+PROMPT_LENGTH = SUITE_PROMPT_LENGTH
 MICRO_BATCHES = (2, 4)
 
 pytestmark = pytest.mark.slow  # about 40 training steps of a tiny model (TRL: about 1 s each)

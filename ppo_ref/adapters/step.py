@@ -8,8 +8,11 @@ truncated) are out of its reach. A step runner reaches them: it takes a :class:`
 (prompts, completions and scores as token ids and floats, nothing library-specific), feeds it to
 the library's own rollout-to-advantage and loss-and-backward path, and returns a
 :class:`StepResult`: the gradient of the objective accumulated over the step's micro-batches
-(what a plain-SGD step with learning rate 1 subtracts from the parameters), the loss and the
-statistics the library logs.
+(what a plain-SGD step with learning rate 1 subtracts from the parameters), the loss, the
+statistics the library logs, and the library's own per-row outputs (:data:`OUTPUTS`) from which
+STEP-5 measures the rows it treated as truncated. :mod:`ppo_ref.adapters.step_kit` holds what every
+runner needs besides the library call; :mod:`ppo_ref.adapters.step_check` runs the tier at a user's
+own TRL or verl settings (``ppo-ref step-check``).
 
 An adapter offers the tier through an attribute ``step`` holding a :class:`StepRunner`; the
 suite (``conformance/test_step_tier.py``) skips the tier when the attribute is missing. The
@@ -37,7 +40,11 @@ from torch import Tensor
 __all__ = [
     "BUILTIN_STEP_RUNNERS",
     "OUTPUTS",
+    "RATIO_TOLERANCE",
+    "RELATIVE_TOLERANCE",
     "STEP_STATISTICS",
+    "SUITE_BUDGET",
+    "SUITE_PROMPT_LENGTH",
     "StepBatch",
     "StepResult",
     "StepRunner",
@@ -57,6 +64,16 @@ BUILTIN_STEP_RUNNERS: Mapping[str, str] = {
 }
 """Adapter name -> ``module:factory`` of its step runner (the factory returns None where the
 installed version has none), for adapters that do not carry a ``step`` attribute themselves."""
+
+RELATIVE_TOLERANCE = 1e-5
+"""STEP-2..4: of the gradient's largest entry (float32 trainers agree to about 1e-7 relative, float64
+to 1e-16); the loss within the same fraction of ``max(|loss|, 1)``."""
+RATIO_TOLERANCE = 1e-6
+"""STEP-1: ``max |logp - old_logp|`` over the action tokens before any update."""
+SUITE_BUDGET = 6
+SUITE_PROMPT_LENGTH = 9
+"""The suite's batch is ``example_batch(SUITE_BUDGET, prompt_length=SUITE_PROMPT_LENGTH)``: ``pad_to``
+9 then pads the completions only, 10 also left-pads the prompts by one column."""
 
 STEP_STATISTICS: tuple[str, ...] = ("max_abs_log_ratio", "clipfrac", "approx_kl")
 """Statistics a runner reports when its library computes them (None where it does not):

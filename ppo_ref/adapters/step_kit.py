@@ -153,7 +153,8 @@ def tiny_config(
     ``family`` is one of :data:`FAMILIES`, or a checkpoint's ``config.json`` contents (a mapping
     with its ``model_type``): that config with every size shrunk (the keys of ``_SIZES``), dropout
     0, the vocabulary and special ids replaced, so the family's code (positions, norms, attention)
-    is the checkpoint's and no weight is read. ``extra`` overrides any field (e.g. ``n_embd=64``).
+    is the checkpoint's and no weight is read; sliding windows, per-layer types and rope scaling,
+    which assume the full-size context, are dropped. ``extra`` overrides any field (e.g. ``n_embd=64``).
     """
     from transformers import AutoConfig, GPT2Config, LlamaConfig, Qwen2Config
 

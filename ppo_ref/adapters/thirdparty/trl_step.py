@@ -46,9 +46,22 @@ from ppo_ref.adapters.step_kit import (
     word_tokenizer,
 )
 
-__all__ = ["TrlGrpoStep", "TrlPpoStep", "TrlStepAdapter", "make_adapter", "make_step"]
+__all__ = ["OWNED", "TrlGrpoStep", "TrlPpoStep", "TrlStepAdapter", "make_adapter", "make_step"]
 
 LOSS_MODES: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo")
+
+OWNED: frozenset[str] = frozenset(
+    {
+        *("output_dir", "use_cpu", "report_to", "logging_strategy", "save_strategy", "eval_strategy"),
+        *("disable_tqdm", "log_completions", "dataloader_num_workers", "dataloader_pin_memory", "seed"),
+        *("num_generations", "max_completion_length", "max_steps", "per_device_train_batch_size"),
+        *("gradient_accumulation_steps", "num_iterations", "learning_rate", "optim", "max_grad_norm"),
+        *("lr_scheduler_type", "warmup_steps", "weight_decay", "use_vllm", "loss_type", "pad_to_multiple_of"),
+        *("mask_truncated_completions", "bf16", "fp16", "steps_per_generation", "generation_batch_size"),
+    }
+)
+"""``GRPOConfig`` fields :class:`TrlGrpoStep` sets itself: the fixed batch and its split, one plain-SGD
+step read before it is taken, float32 on the CPU, the loss mode and padding of each run."""
 
 MICRO_BATCH_LOCAL: Mapping[str, str] = MappingProxyType(
     {
@@ -63,7 +76,8 @@ class TrlGrpoStep:
 
     ``family`` is the tiny model's family (:func:`ppo_ref.adapters.step_kit.tiny_config`: a name or a
     checkpoint's ``config.json`` contents); ``settings`` are ``GRPOConfig`` fields applied to every
-    run (a user's own configuration, ``ppo-ref step-check``) except those the step owns (:data:`OWNED`)."""
+    run (a user's own configuration, ``ppo-ref step-check``), under those the step sets itself
+    (:data:`OWNED`); ``padding_side`` the tokenizer's."""
 
     name = "trl"
     loss_modes = LOSS_MODES
@@ -80,9 +94,11 @@ class TrlGrpoStep:
         seed: int = 0,
         family: str | Mapping[str, Any] = "gpt2",
         settings: Mapping[str, Any] | None = None,
+        padding_side: str = "right",
     ) -> None:
         self.version = str(importlib.import_module("trl").__version__)
         self.seed, self.family, self.settings = seed, family, dict(settings or {})
+        self.padding_side = padding_side
         self._dir = tempfile.mkdtemp(prefix="ppo-ref-trl-step-")
 
     def _trainer(
@@ -102,7 +118,8 @@ class TrlGrpoStep:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         path = os.path.join(self._dir, f"model-{batch.vocab_size}")
         if not os.path.isdir(path):
-            save_tiny(path, tiny_config(self.family, batch.vocab_size), self.seed)
+            tokenizer = word_tokenizer(batch.vocab_size, padding_side=self.padding_side)
+            save_tiny(path, tiny_config(self.family, batch.vocab_size), self.seed, tokenizer)
         order = RowOrder(batch)
 
         def rollout(prompt_texts: list[Any], trainer: Any) -> dict[str, Any]:
@@ -131,13 +148,10 @@ class TrlGrpoStep:
         harness.update(gradient_accumulation_steps=micro_batches, num_iterations=num_iterations)
         harness.update(learning_rate=1e-3, optim="sgd", max_grad_norm=0.0, lr_scheduler_type="constant")
         harness.update(warmup_steps=0, weight_decay=0.0, use_vllm=False, loss_type=loss_mode)
-        harness.update(pad_to_multiple_of=pad_to, mask_truncated_completions=mask_truncated)
-        defaults: dict[str, Any] = {
-            "bf16": False,
-            "fp16": False,
-            "gradient_checkpointing": False,
-            "beta": 0.0,
-        }
+        harness.update(
+            pad_to_multiple_of=pad_to, mask_truncated_completions=mask_truncated, bf16=False, fp16=False
+        )
+        defaults: dict[str, Any] = {"gradient_checkpointing": False, "beta": 0.0}
         if loss_mode == "luspo":
             defaults["importance_sampling_level"] = "sequence"
         config = trl.GRPOConfig(**{**defaults, **self.settings, **harness})

@@ -48,7 +48,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -901,10 +901,6 @@ def _progress(key: str, result: dict[str, Any]) -> None:
 
 
 LABELS = ("mine", "verl", "verl-loop", "openrlhf", "skyrl", "trl116")
-SECTION_BEGIN = (
-    "<!-- family-ops-section: written by python bench/family_side.py --compare --write-results -->"
-)
-SECTION_END = "<!-- family-ops-section end -->"
 TARGET = 1.1
 """Issue 14's target: ppo-ref within 1.1x of the fastest library."""
 
@@ -947,8 +943,9 @@ def table(reports: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def section(reports: list[dict[str, Any]]) -> str:
-    """The RESULTS.md section for one or more :func:`compare` reports (the first gives the times)."""
+def section(reports: list[dict[str, Any]], notes: Sequence[str] = ()) -> str:
+    """The RESULTS.md section for one or more :func:`compare` reports (the first gives the times);
+    ``notes`` (markdown list items, from ``bench/RESULTS-notes.md``) go at the end of its list."""
     first = reports[0]
     shapes = first["shapes"]
     runs = []
@@ -970,8 +967,6 @@ def section(reports: list[dict[str, Any]]) -> str:
         for label, check in result["checks"].items():
             differences[label] = max([differences.get(label, 0.0), *check.values()])
     lines = [
-        SECTION_BEGIN,
-        "",
         "## PPO-family ops at large shapes, side by side (issue 14, part 4)",
         "",
         "`python bench/family_side.py --compare --rounds "
@@ -1016,26 +1011,15 @@ def section(reports: list[dict[str, Any]]) -> str:
         + ", ".join(f"{label} {diff:.1e}" for label, diff in sorted(differences.items()))
         + ".",
     ]
+    lines += notes
     lines.append(
         "- Where ppo-ref misses the target, and why: `bench/PERF-NOTES.md`, section "
         '"PPO-family ops (issue 14)".'
     )
     if first["skipped"]:
         lines.append("- Not run: " + "; ".join(f"{k} ({v})" for k, v in first["skipped"].items()) + ".")
-    lines += ["", table(reports), "", SECTION_END]
+    lines += ["", table(reports)]
     return "\n".join(lines) + "\n"
-
-
-def write_section(text: str, path: Path) -> None:
-    """Replace the family section of ``path`` (between its markers), or append it."""
-    current = path.read_text() if path.exists() else ""
-    if SECTION_BEGIN in current and SECTION_END in current:
-        head, _, rest = current.partition(SECTION_BEGIN)
-        _, _, tail = rest.partition(SECTION_END)
-        current = head + text.rstrip("\n") + tail
-    else:
-        current = current.rstrip("\n") + "\n\n" + text
-    path.write_text(current)
 
 
 def _commit() -> str:
@@ -1082,7 +1066,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cases", nargs="*", default=[], help="case-key prefixes to run (default: all)")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "family.json"))
     parser.add_argument("--log", default="/tmp/ppo-ref-family-bench.log", help="the workers' stderr")
-    parser.add_argument("--write-results", action="store_true", help="write the section of bench/RESULTS.md")
+    parser.add_argument(
+        "--write-results",
+        action="store_true",
+        help="name the report (and --also) as the family data in bench/results/manifest.json and "
+        "re-render bench/RESULTS.md whole (bench/results_document.py)",
+    )
     parser.add_argument(
         "--also",
         nargs="*",
@@ -1110,10 +1099,22 @@ def main(argv: list[str] | None = None) -> int:
         print("pass --compare, --render REPORT or --serve SIDE", file=sys.stderr)
         return 2
     reports = [report] + [json.loads(Path(path).read_text()) for path in args.also]
-    text = section(reports)
-    print(text)
+    print(section(reports))
     if args.write_results:
-        write_section(text, ROOT / "bench" / "RESULTS.md")
+        from bench import results_document as document
+
+        files = [Path(args.render or args.out), *map(Path, args.also)]
+        if any(f.resolve().parent != document.RESULTS_DIR for f in files):
+            print("--write-results: the reports must be in bench/results/", file=sys.stderr)
+            return 2
+        document.write_manifest(
+            document.RESULTS_DIR,
+            {"family": [f.name for f in files]},
+            header=None,
+            new_data=not args.render,
+        )
+        for path in document.write():
+            print(f"wrote {path.relative_to(ROOT)}", file=sys.stderr)
     return 0
 
 

@@ -1,5 +1,6 @@
-"""Render ``bench/RESULTS.md`` from one ``tools/run_bench.py`` run (``bench/results/run.json`` plus the
-pytest-benchmark JSON files of the primitives). Every number in the file comes from that run."""
+"""The sections of ``bench/RESULTS.md``, each rendered from the raw data of the run that measured
+it (``bench/results/*.json``); :mod:`bench.results_document` puts them together with the notes of
+``bench/RESULTS-notes.md``. Every number comes from the data handed in."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from bench import thread_policy
 
 LARGE_GROUPS = (
     "gae B256 T2048",
@@ -92,25 +95,18 @@ def _versions(results_dir: Path, primitives: dict[str, Any]) -> dict[str, str]:
     return versions
 
 
-def write_report(run: dict[str, Any], results_dir: Path, out: Path) -> Path:
+def summary_line(trainer_run: dict[str, Any] | None) -> str:
+    """The file's first line: the PPO trainer's ratio to TRL 1.12 (``n/a`` without that run)."""
+    trainer = trainer_summary(trainer_run["trainer"]) if trainer_run else None
+    ratio_text = f"{trainer['ratio']:.2f}" if trainer else "n/a"
+    return f"Trainer vs TRL 1.12 PPOTrainer: {ratio_text}x iterations/s (same settings, same run)"
+
+
+def setting_lines(run: dict[str, Any], results_dir: Path) -> list[str]:
+    """Machine, load, threads and versions of one ``tools/run_bench.py`` run, as a bullet list."""
     lines: list[str] = []
     add = lines.append
-    trainer = trainer_summary(run["trainer"]) if "trainer" in run else None
-    ratio_text = f"{trainer['ratio']:.2f}" if trainer else "n/a"
-    add(f"Trainer vs TRL 1.12 PPOTrainer: {ratio_text}x iterations/s (same settings, same run)")
-    add("")
-    add("# Benchmarks: ppo-ref against the alternatives, one run on one machine")
-    add("")
     machine = run["machine"]
-    add(
-        f"Produced by `{run['command']}` on {run['date_utc']} (commit "
-        f"{machine['git_commit']}{', with uncommitted changes' if machine['git_worktree_dirty'] else ''}), "
-        f"{run['wall_seconds'] / 60:.1f} minutes. Raw data: `bench/results/run.json` and the "
-        "pytest-benchmark JSON files `bench/results/primitives-*.json`. Every ratio below comes from this "
-        "run; `bench/PERF-NOTES.md` records the changes made for the targets, their before/after figures "
-        "and the profiles behind them."
-    )
-    add("")
     add(
         f"- Machine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, "
         f"{machine['platform']}, Python {machine['python']}."
@@ -118,7 +114,10 @@ def write_report(run: dict[str, Any], results_dir: Path, out: Path) -> Path:
     loads = [
         ("start", run.get("loadavg_start")),
         ("after the trainer comparison", run.get("loadavg_after_trainer")),
+        ("after the GRPO comparison", run.get("loadavg_after_grpo")),
         ("after the primitives", run.get("loadavg_after_primitives")),
+        ("after the family ops", run.get("loadavg_after_family")),
+        ("after the thread policy", run.get("loadavg_after_threads")),
         ("end", run.get("loadavg_end")),
     ]
     add(
@@ -134,7 +133,7 @@ def write_report(run: dict[str, Any], results_dir: Path, out: Path) -> Path:
         "threads: a tiny GPT-2 forward took 0.15-1.0 s instead of 0.03 s, and TRL's iterations 5-10x "
         "longer than ppo-ref's, which says more about the machine than about either trainer."
     )
-    if trainer:
+    if "trainer" in run:
         info = run["trainer"]["info"]
         versions = {
             **info["ppo_ref"]["versions"],
@@ -147,29 +146,30 @@ def write_report(run: dict[str, Any], results_dir: Path, out: Path) -> Path:
             + ", ".join(f"{k} {v}" for k, v in _versions(results_dir, run["primitives"]).items())
             + "."
         )
-    add("")
-    _targets(lines, run, trainer, results_dir)
-    if trainer:
-        _trainer_section(lines, run, trainer)
-    if "primitives" in run:
-        _primitives_section(lines, run, results_dir)
-    if "memory" in run:
-        _memory_section(lines, run)
-    if "conformance" in run:
-        c = run["conformance"]
-        add("## Conformance suite against `mine`")
-        add("")
-        add(f"`{c['command']}`: {c['wall_seconds']:.1f} s wall ({c['summary']}).")
-        add("")
-    _method(lines)
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return lines
 
 
-def _targets(
-    lines: list[str], run: dict[str, Any], trainer: dict[str, Any] | None, results_dir: Path
-) -> None:
+def conformance_lines(run: dict[str, Any]) -> list[str]:
+    c = run["conformance"]
+    return [
+        "## Conformance suite against `mine`",
+        "",
+        f"`{c['command']}`: {c['wall_seconds']:.1f} s wall ({c['summary']}).",
+        "",
+    ]
+
+
+def targets_lines(
+    trainer_run: dict[str, Any] | None,
+    primitives_run: dict[str, Any] | None,
+    memory_run: dict[str, Any] | None,
+    results_dir: Path,
+) -> list[str]:
+    """The targets of issue 6 (the runs that measured the trainer, the primitives and the memory:
+    one run, or the latest run of each)."""
+    lines: list[str] = []
     add = lines.append
+    trainer = trainer_summary(trainer_run["trainer"]) if trainer_run else None
     add("## Targets (issue 6)")
     add("")
     add("| target | measured in this run | |")
@@ -190,8 +190,8 @@ def _targets(
             f"| overhead <= {TARGETS['overhead']:.2f}x bare compute | {trainer['overhead']:.2f}x (median of "
             f"per-round ratios) | {_met(trainer['overhead'] <= TARGETS['overhead'])} |"
         )
-    if "primitives" in run:
-        table = primitive_table(results_dir, run["primitives"])
+    if primitives_run:
+        table = primitive_table(results_dir, primitives_run["primitives"])
         for group in LARGE_GROUPS:
             row = table.get(group, {})
             others = {k: v["median"] for k, v in row.items() if k != "mine"}
@@ -208,8 +208,8 @@ def _targets(
                 f"{ratio:.2f}x of {fastest} (median {row['mine']['median'] * 1e3:.2f} vs "
                 f"{others[fastest] * 1e3:.2f} ms) | {_met(ratio <= TARGETS['primitive_ratio'])} |"
             )
-    if "memory" in run:
-        for entry in run["memory"]:
+    if memory_run:
+        for entry in memory_run["memory"]:
             if entry.get("impl") == "mine" and "extra_over_logits" in entry:
                 value = entry["extra_over_logits"]
                 add(
@@ -219,10 +219,14 @@ def _targets(
                     f"{_met(value <= TARGETS['logprobs_memory'])} |"
                 )
     add("")
+    return lines
 
 
-def _trainer_section(lines: list[str], run: dict[str, Any], t: dict[str, Any]) -> None:
+def trainer_lines(run: dict[str, Any]) -> list[str]:
+    """The PPO iteration against TRL 1.12's PPOTrainer: settings, seconds, per-round ratios."""
+    lines: list[str] = []
     add = lines.append
+    t = trainer_summary(run["trainer"])
     tokens = 64 * 32
     add("## Trainer: one PPO iteration, ppo-ref against TRL 1.12's PPOTrainer")
     add("")
@@ -267,6 +271,14 @@ def _trainer_section(lines: list[str], run: dict[str, Any], t: dict[str, Any]) -
         f"ratio of the fastest iterations {t['ratio_of_minima']:.2f}x."
     )
     add("")
+    return lines
+
+
+def overhead_lines(run: dict[str, Any]) -> list[str]:
+    """The PPO iteration over its bare compute in the same rounds, and ppo-ref's stage seconds."""
+    lines: list[str] = []
+    add = lines.append
+    t = trainer_summary(run["trainer"])
     add("### Overhead over the bare compute")
     add("")
     b = t["bare"]
@@ -282,6 +294,16 @@ def _trainer_section(lines: list[str], run: dict[str, Any], t: dict[str, Any]) -
         "model work could reach in this run."
     )
     add("")
+    rounds = run["trainer"]["rounds"]
+    if all("overhead_cpu" in r for r in rounds):
+        cpu = [r["overhead_cpu"] for r in rounds]
+        add(
+            f"In process CPU seconds (the load of other jobs disturbs them less): "
+            f"{', '.join(f'{x:.2f}' for x in cpu)}; median **{statistics.median(cpu):.2f}x** (target <= "
+            f"1.05, issue 12); TRL 1.12 / ppo-ref in CPU seconds: median "
+            f"{statistics.median(r['ratio_cpu'] for r in rounds):.2f}x."
+        )
+        add("")
     stages = t["stages"]
     if stages:
         add(
@@ -306,6 +328,13 @@ def _trainer_section(lines: list[str], run: dict[str, Any], t: dict[str, Any]) -
             if stage not in shown and stage != "seconds_iteration":
                 add(f"| {stage} | {value:.3f} | |")
         add("")
+    return lines
+
+
+def profile_lines(run: dict[str, Any]) -> list[str]:
+    """The cProfile of a few ppo-ref iterations (none if the run has no profile)."""
+    lines: list[str] = []
+    add = lines.append
     profile = run["trainer"].get("profile")
     if profile:
         add(
@@ -325,9 +354,11 @@ def _trainer_section(lines: list[str], run: dict[str, Any], t: dict[str, Any]) -
         for row in profile["top_self_seconds_per_iteration"][:15]:
             add(f"| `{row['function']}` | {row['self_s']:.4f} | {row['cumulative_s']:.4f} | {row['calls']} |")
         add("")
+    return lines
 
 
-def _primitives_section(lines: list[str], run: dict[str, Any], results_dir: Path) -> None:
+def primitives_lines(run: dict[str, Any], results_dir: Path) -> list[str]:
+    lines: list[str] = []
     add = lines.append
     table = primitive_table(results_dir, run["primitives"])
     impls = list(run["primitives"])
@@ -367,9 +398,11 @@ def _primitives_section(lines: list[str], run: dict[str, Any], results_dir: Path
             + " (logs in the run's temporary log directory, printed by run_bench)."
         )
     add("")
+    return lines
 
 
-def _memory_section(lines: list[str], run: dict[str, Any]) -> None:
+def memory_lines(run: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     add = lines.append
     add("## token_logprobs peak memory (B = 4, L = 512)")
     add("")
@@ -390,9 +423,11 @@ def _memory_section(lines: list[str], run: dict[str, Any]) -> None:
         else:
             add(f"| {e['impl']} | {e['vocab']} | | | {e.get('skipped') or 'failed'} |")
     add("")
+    return lines
 
 
-def _method(lines: list[str]) -> None:
+def method_lines() -> list[str]:
+    lines: list[str] = []
     add = lines.append
     add("## How it is measured")
     add("")
@@ -418,10 +453,10 @@ def _method(lines: list[str]) -> None:
         "- Peak memory: `ru_maxrss` of each trainer process (the trainer's process runs nothing else); "
         "token_logprobs: see its section."
     )
+    add("")
+    return lines
 
 
-GRPO_BEGIN = "<!-- grpo-section: written by tools/run_bench.py (write_grpo_section) -->"
-GRPO_END = "<!-- grpo-section end -->"
 GRPO_TARGET = 1.15
 
 
@@ -490,14 +525,26 @@ def _merge_repeats(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(merged.values())
 
 
+def grpo_results(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """One :func:`grpo_summary` per beta over every repeat of ``run``, with ``repeat_ratios``."""
+    return [{**grpo_summary(r), "repeat_ratios": r["repeat_ratios"]} for r in _merge_repeats(run["grpo"])]
+
+
+def grpo_met(result: dict[str, Any]) -> bool:
+    """The GRPO target, met only if every repeat's median and the CPU-seconds median reach it: one
+    noisy median over a loaded machine's rounds is not a measurement of the target."""
+    every_repeat = min(a for a, _, _ in result["repeat_ratios"]) >= GRPO_TARGET
+    return bool(every_repeat and result["ratio_cpu"] >= GRPO_TARGET)
+
+
 def grpo_section(run: dict[str, Any]) -> list[str]:
     """The markdown of the GRPO comparison of ``run`` (every figure from that run)."""
     merged = _merge_repeats(run["grpo"])
-    results = [{**grpo_summary(r), "repeat_ratios": r["repeat_ratios"]} for r in merged]
+    results = grpo_results(run)
     machine = run["machine"]
     first = run["grpo"][0]["info"]
     trl_info = first["trl"]
-    lines = [GRPO_BEGIN, "", "## Critic-free iteration: ppo-ref's `grpo` against TRL 1.16's GRPOTrainer", ""]
+    lines = ["## Critic-free iteration: ppo-ref's `grpo` against TRL 1.16's GRPOTrainer", ""]
     add = lines.append
     add(
         f"Produced by `{run['command']}` on {run['date_utc']} (commit {machine['git_commit']}"
@@ -555,15 +602,7 @@ def grpo_section(run: dict[str, Any]) -> list[str]:
         (
             f"**TRL / ppo-ref** (iterations/s; median of per-round ratios; target >= {GRPO_TARGET} in "
             "every repeat and in CPU seconds)",
-            # Met only if every repeat's median and the CPU-seconds median reach it: one noisy
-            # median over a loaded machine's rounds is not a measurement of the target.
-            lambda r: (
-                f"**{r['ratio']:.2f}x** ("
-                + _met(
-                    min(a for a, _, _ in r["repeat_ratios"]) >= GRPO_TARGET and r["ratio_cpu"] >= GRPO_TARGET
-                )
-                + ")"
-            ),
+            lambda r: f"**{r['ratio']:.2f}x** ({_met(grpo_met(r))})",
         ),
         ("per-round ratios", lambda r: ", ".join(f"{x:.2f}" for x in r["per_round"])),
         (
@@ -606,12 +645,13 @@ def grpo_section(run: dict[str, Any]) -> list[str]:
         for key in stage_keys:
             add(f"| {key} | " + " | ".join(f"{r['stages'].get(key, math.nan):.3f}" for r in results) + " |")
         add("")
-    add(GRPO_END)
     return lines
 
 
-def overhead_lines(run: dict[str, Any]) -> list[str]:
-    """The PPO iteration's overhead over its bare compute, from a partial run (``--only trainer``)."""
+def grpo_run_overhead_lines(run: dict[str, Any]) -> list[str]:
+    """The PPO iteration's overhead over its bare compute in a run whose trainer comparison is not
+    the one the trainer section shows (e.g. ``--only trainer grpo``): one fact, kept beside the GRPO
+    figures it was measured with."""
     rounds = run["trainer"]["rounds"]
     wall = [r["overhead"] for r in rounds]
     cpu = [r["overhead_cpu"] for r in rounds if "overhead_cpu" in r]
@@ -637,22 +677,76 @@ def overhead_lines(run: dict[str, Any]) -> list[str]:
     return lines
 
 
-def write_grpo_section(run: dict[str, Any], out: Path) -> Path:
-    """Put the GRPO section of ``run`` into ``out`` (replacing the previous one, else before the
-    primitives section, else at the end); the rest of the file is left as it is."""
-    lines = grpo_section(run) if "grpo" in run else [GRPO_BEGIN, GRPO_END]
-    if "trainer" in run and "ratio_cpu" in run["trainer"]["rounds"][0]:
-        lines[-1:-1] = overhead_lines(run)
-    section = "\n".join(lines) + "\n"
-    text = out.read_text() if out.exists() else ""
-    if GRPO_BEGIN in text and GRPO_END in text:
-        head, rest = text.split(GRPO_BEGIN, 1)
-        tail = rest.split(GRPO_END, 1)[1].lstrip("\n")
-        text = head + section + "\n" + tail
-    elif "\n## Primitives" in text:
-        head, tail = text.split("\n## Primitives", 1)
-        text = head.rstrip("\n") + "\n\n" + section + "\n## Primitives" + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    out.write_text(text)
-    return out
+THREAD_TARGETS = {"loaded_over_idle": 2.0, "idle_over_two_spinning_idle": 1.10}
+"""Issue 24, part 2, for the command's own policy: beside a two-thread job within 2x of idle, and
+idle no more than 10% slower than the command before the policy (two spinning threads)."""
+THREAD_ROLES = {
+    "default": "the command as typed: its own policy",
+    "two-spinning": "the command before the policy",
+    "two-passive": "two threads with the wait policy the benchmarks set",
+}
+
+
+def _policy_flags(policy: str) -> str:
+    flags, env = thread_policy.POLICIES.get(policy, ([], {}))
+    parts = [f"`{' '.join(flags)}`"] if flags else []
+    parts += [f"`{k}={v}`" for k, v in env.items()]
+    return ", ".join(parts) or "none"
+
+
+def thread_policy_lines(data: dict[str, Any] | None) -> list[str]:
+    """The ``ppo-ref`` command's default run under each thread policy, idle and beside a two-thread
+    CPU-bound job (``bench/thread_policy.py``'s JSON; a placeholder without it)."""
+    lines = ["## The ppo-ref command's thread policy: idle and beside a two-thread job", ""]
+    add = lines.append
+    if data is None:
+        add(
+            "Not measured yet: `python bench/thread_policy.py` writes `bench/results/thread-policy.json` "
+            "(`python tools/run_bench.py` runs it with the other benchmarks)."
+        )
+        add("")
+        return lines
+    summary = thread_policy.summarise(data)
+    rounds = len(data["times"]["default"]["idle"])
+    loads = [load[0] for load in data["loadavg"]]
+    if data.get("quick"):
+        add(
+            "**A `--quick` run (one iteration per command): it checks the pipeline; these are not the "
+            "policy's figures.**"
+        )
+        add("")
+    add(
+        "`ppo-ref train` at the README's defaults (what `./dev train` runs; wall time of the whole "
+        "command, task build included) under each policy, idle and beside a two-thread CPU-bound job "
+        "(another process multiplying 512x512 float32 matrices on two torch threads with OpenMP's "
+        f"spinning wait), in {rounds} interleaved round{'s' if rounds != 1 else ''}; medians over the "
+        f"rounds. {data['cpu']}, {data['cores']} cores; load average (1 min) at the start {loads[0]:.1f}, "
+        "after each round " + ", ".join(f"{x:.1f}" for x in loads[1:]) + "."
+    )
+    add("")
+    add(
+        "| policy | flags, environment | idle s | beside the job s | beside / idle "
+        "| idle / two-spinning idle |"
+    )
+    add("|---|---|---|---|---|---|")
+    for policy, row in summary.items():
+        role = THREAD_ROLES.get(policy)
+        add(
+            f"| `{policy}`{f' ({role})' if role else ''} | {_policy_flags(policy)} | {row['idle_s']:.1f} | "
+            f"{row['loaded_s']:.1f} | {row['loaded_over_idle']:.2f}x | "
+            f"{row['idle_over_two_spinning_idle']:.2f}x |"
+        )
+    add("")
+    if "default" in summary:
+        mine = summary["default"]
+        loaded, idle = mine["loaded_over_idle"], mine["idle_over_two_spinning_idle"]
+        add(
+            f"Targets (issue 24) for `default`: beside the job within "
+            f"{THREAD_TARGETS['loaded_over_idle']:.0f}x of idle: {loaded:.2f}x "
+            f"({_met(loaded <= THREAD_TARGETS['loaded_over_idle'])}); idle no more than "
+            f"{(THREAD_TARGETS['idle_over_two_spinning_idle'] - 1) * 100:.0f}% slower than the command "
+            f"before the policy (`two-spinning` idle): {idle:.2f}x "
+            f"({_met(idle <= THREAD_TARGETS['idle_over_two_spinning_idle'])})."
+        )
+        add("")
+    return lines

@@ -1,7 +1,9 @@
-"""Run every benchmark of issue 6 back to back and write ``bench/RESULTS.md``.
+"""Run every benchmark of ``bench/RESULTS.md`` at one commit and write the whole file.
 
-    python tools/run_bench.py            # the full run (about 12-15 minutes on 2 loaded cores)
-    python tools/run_bench.py --quick    # fewer rounds, for checking the pipeline (~5 minutes)
+    python tools/run_bench.py                 # everything at one commit: about an hour on 2 cores
+    python tools/run_bench.py --quick --results-dir /tmp/bench   # a pipeline check: about 23 minutes
+    python tools/run_bench.py --render-only   # no run: rebuild RESULTS.md and README's figures
+    python tools/run_bench.py --only grpo     # one part; the file then says it is not one run
 
 In one run, in this order:
 
@@ -11,16 +13,27 @@ In one run, in this order:
    iterations so that the machine's changing load hits both alike; the ratio is the median of the
    per-round ratios. A third process (``--serve bare``) times the bare model work of an iteration
    in the same rounds, for the overhead ratio; then a few iterations run under cProfile.
-2. the primitive benchmarks (``bench/test_primitives.py``) for ``mine`` (``.venv``) and for each
+2. ppo-ref's critic-free (GRPO) iteration against TRL 1.16's ``GRPOTrainer`` (``.envs/trl116``),
+   each beta ``--repeat`` times with fresh processes;
+3. the primitive benchmarks (``bench/test_primitives.py``) for ``mine`` (``.venv``) and for each
    third-party library that has an adapter and a built environment (``.envs/NAME``), raw
-   pytest-benchmark JSON to ``bench/results/primitives-NAME.json``;
-3. ``token_logprobs`` peak extra memory per implementation, one fresh process per measurement;
-4. the conformance suite's wall time against ``mine``.
+   pytest-benchmark JSON to ``primitives-NAME*.json``;
+4. ``token_logprobs`` peak extra memory per implementation, one fresh process per measurement;
+5. the PPO-family ops side by side (``bench/family_side.py --compare``: two runs alike and one
+   with ``--malloc-keep``);
+6. the conformance suite's wall time against ``mine``;
+7. the ``ppo-ref`` command's thread policy, idle and beside a two-thread job
+   (``bench/thread_policy.py``).
 
-Writes ``bench/results/*.json`` and ``bench/RESULTS.md`` (via :mod:`bench.results_report`);
-commits nothing. Every subprocess gets ``OMP_WAIT_POLICY=PASSIVE`` (``--omp-wait-policy``): on a
-machine whose cores are busy with other jobs, spinning OpenMP threads make two-thread torch ops
-wait for a descheduled thread (measured: a tiny GPT-2 forward 0.15-1.0 s instead of 0.03 s).
+Writes the raw JSON (``run.json``, the primitives', ``family*.json``, ``thread-policy.json``) and
+``manifest.json`` (which files each section reads) to ``--results-dir`` (``bench/results``), then
+``bench/RESULTS.md`` whole and README's benchmark figures (:mod:`bench.results_document`, with the
+hand-written notes of ``bench/RESULTS-notes.md``); commits nothing. A run of every part whose data
+turns out not to be from one commit (HEAD moved meanwhile) is refused as one run: the file is
+written with each section's commit marked and the exit status is 1. Every benchmark subprocess gets
+``OMP_WAIT_POLICY=PASSIVE`` (``--omp-wait-policy``): on a machine whose cores are busy with other
+jobs, spinning OpenMP threads make two-thread torch ops wait for a descheduled thread (measured: a
+tiny GPT-2 forward 0.15-1.0 s instead of 0.03 s); the thread-policy runs set their own.
 """
 
 from __future__ import annotations
@@ -44,9 +57,19 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.results_report import write_grpo_section, write_report  # noqa: E402
+from bench import results_document as document  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
+RESULTS = document.RESULTS_DIR
+PARTS = ("trainer", "grpo", "primitives", "memory", "conformance", "family", "threads")
+RUN_PARTS = PARTS[:5]
+"""The parts measured in this process (into run.json); family and threads run their own scripts."""
+FAMILY_RUNS: tuple[tuple[str, list[str]], ...] = (
+    ("family.json", []),
+    ("family-repeat.json", []),
+    ("family-malloc-keep.json", ["--malloc-keep"]),
+)
+"""bench/family_side.py --compare runs of the family section: two alike (the spread) and one with
+glibc's malloc keeping freed memory (page faults out of the timed calls)."""
 LOGS = Path(tempfile.gettempdir()) / "ppo-ref-bench-logs"  # worker output: progress bars, warnings
 THIRD_PARTY = ("trl", "verl", "openrlhf", "torchrl", "sb3", "skyrl")
 VOCABS = (32_000, 150_000)
@@ -335,7 +358,9 @@ def run_grpo_comparison(args: argparse.Namespace, env: dict[str, str], beta: flo
 LARGE_SHAPES = "B256-T2048 or V150k"
 
 
-def run_primitives(impls: dict[str, Path], env: dict[str, str], max_time: float) -> dict[str, Any]:
+def run_primitives(
+    impls: dict[str, Path], env: dict[str, str], max_time: float, results: Path
+) -> dict[str, Any]:
     """Pass 1: every primitive, implementation after implementation. Passes 2 and 3: the large
     shapes again, in the reverse order and then the first order, so that a burst of load during one
     implementation's turn does not decide its result (the report takes each implementation's best
@@ -348,7 +373,7 @@ def run_primitives(impls: dict[str, Path], env: dict[str, str], max_time: float)
     ]
     for order, selection, suffix in passes:
         for name in order:
-            json_path = RESULTS / f"primitives-{name}{suffix}.json"
+            json_path = results / f"primitives-{name}{suffix}.json"
             command = [
                 str(impls[name]),
                 "-m",
@@ -442,22 +467,106 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def run_family(args: argparse.Namespace, results: Path) -> dict[str, Any]:
+    """``bench/family_side.py --compare`` (its own workers, one per library environment), once per
+    entry of :data:`FAMILY_RUNS` (the first only with ``--quick``, at its small shapes, one round)."""
+    started = time.perf_counter()
+    runs = FAMILY_RUNS[:1] if args.quick else FAMILY_RUNS
+    files = []
+    for name, extra in runs:
+        command = [str(main_python()), "bench/family_side.py", "--compare", "--out", str(results / name)]
+        command += ["--small", "--rounds", "1"] if args.quick else ["--rounds", str(args.family_rounds)]
+        command += ["--threads", str(args.threads), "--omp-wait-policy", args.omp_wait_policy, *extra]
+        command += ["--log", str(LOGS / f"{name}.log")]
+        LOGS.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            command, cwd=ROOT, env=child_env("", args.threads), capture_output=True, text=True
+        )
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"family ops ({' '.join(command[1:])}) exited {done.returncode}: {done.stderr[-2000:]}"
+            )
+        files.append(name)
+        log(f"family ops: {results / name} ({time.perf_counter() - started:.0f} s so far)")
+    return {"files": files, "wall_seconds": time.perf_counter() - started}
+
+
+def run_threads(args: argparse.Namespace, results: Path) -> dict[str, Any]:
+    """``bench/thread_policy.py``: the ppo-ref command's default run under each thread policy, idle
+    and beside a two-thread job (``--rounds 1 --quick`` with ``--quick``)."""
+    started = time.perf_counter()
+    out = results / "thread-policy.json"
+    command = [str(main_python()), "bench/thread_policy.py", "--output", str(out)]
+    command += ["--rounds", "1", "--quick"] if args.quick else ["--rounds", str(args.thread_rounds)]
+    done = subprocess.run(command, cwd=ROOT, env=child_env("", args.threads), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"thread policy exited {done.returncode}: {done.stderr[-2000:]}")
+    log(f"thread policy: {out} ({time.perf_counter() - started:.0f} s)\n{done.stdout.strip()}")
+    return {"files": [out.name], "wall_seconds": time.perf_counter() - started}
+
+
+def git_commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() or None
+
+
+def render(args: argparse.Namespace, *, require_one_commit: bool) -> int:
+    """Write RESULTS.md (and README's figures, for the default output) from the results directory;
+    1 if ``require_one_commit`` fails (the file is then written with the sections marked)."""
+    readme = document.README if args.output == document.RESULTS_MD else None
+    status = 0
+    try:
+        written = document.write(
+            args.results_dir, document.NOTES, args.output, readme, require_one_commit=require_one_commit
+        )
+    except ValueError as error:
+        if not require_one_commit:
+            raise
+        log(f"REFUSED as one run: {error}; writing the file with every section's commit marked")
+        document.write_manifest(args.results_dir, {}, header=None)
+        written = document.write(args.results_dir, document.NOTES, args.output, readme)
+        status = 1
+    log("wrote " + ", ".join(str(path) for path in written))
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--quick", action="store_true", help="fewer rounds and primitive time (pipeline check)"
+        "--quick",
+        action="store_true",
+        help="a pipeline check: 4 rounds, 1 GRPO repeat, short primitives, family ops at small shapes "
+        "for 1 round, the thread policy's 1-iteration runs",
     )
-    parser.add_argument("--rounds", type=int, help="trainer rounds (default 12; --quick 4)")
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="run nothing: rebuild RESULTS.md (and README's figures) from the results directory and "
+        "bench/RESULTS-notes.md",
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=RESULTS,
+        help="where the raw JSON goes, with its manifest.json (default bench/results; another directory "
+        "gets its own RESULTS.md and leaves README.md alone)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="the Markdown to write (default bench/RESULTS.md, or RESULTS.md in --results-dir)",
+    )
+    parser.add_argument("--rounds", type=int, help="trainer and GRPO rounds (default 12; --quick 4)")
     parser.add_argument("--block", type=int, default=2, help="iterations per side per round")
     parser.add_argument("--warmup", type=int, default=3, help="untimed iterations per trainer first")
     parser.add_argument("--profile-iterations", type=int, default=3, help="ppo-ref iterations under cProfile")
     parser.add_argument("--primitive-max-time", type=float, help="pytest-benchmark max time per test")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per process (the settings: 2)")
     parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["trainer", "grpo", "primitives", "memory", "conformance"]
+        "--skip", nargs="*", default=[], choices=PARTS, help="parts not to run (a partial run)"
     )
     parser.add_argument(
-        "--only", nargs="*", default=[], choices=["trainer", "grpo", "primitives", "memory", "conformance"]
+        "--only", nargs="*", default=[], choices=PARTS, help="the parts to run (a partial run)"
     )
     parser.add_argument(
         "--betas", type=float, nargs="*", default=[0.0, 0.04], help="KL coefficients of the GRPO comparison"
@@ -465,24 +574,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--repeat",
         type=int,
-        default=3,
-        help="GRPO comparisons per beta, each with fresh processes (the spread)",
+        help="GRPO comparisons per beta, each with fresh processes (the spread; default 3, --quick 1)",
     )
+    parser.add_argument("--family-rounds", type=int, default=7, help="rounds of each family-ops run")
+    parser.add_argument("--thread-rounds", type=int, default=2, help="rounds of the thread-policy runs")
     parser.add_argument(
         "--omp-wait-policy",
         default="PASSIVE",
-        help="OMP_WAIT_POLICY for every subprocess ('' keeps the environment's)",
+        help="OMP_WAIT_POLICY for every benchmark subprocess ('' keeps the environment's; the thread "
+        "policy sets its own)",
     )
     args = parser.parse_args(argv)
-    if args.only:
-        args.skip = [
-            part
-            for part in ("trainer", "grpo", "primitives", "memory", "conformance")
-            if part not in args.only
-        ]
+    args.results_dir = args.results_dir.resolve()
+    if args.output is None:
+        default_dir = args.results_dir == RESULTS
+        args.output = document.RESULTS_MD if default_dir else args.results_dir / "RESULTS.md"
+    args.output = args.output.resolve()
+    if args.render_only:
+        return render(args, require_one_commit=False)
+    parts = [p for p in (args.only or PARTS) if p not in args.skip]
+    whole = parts == list(PARTS)
     args.rounds = args.rounds or (4 if args.quick else 12)
+    args.repeat = args.repeat or (1 if args.quick else 3)
     max_time = args.primitive_max_time or (0.2 if args.quick else 0.5)
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    results = args.results_dir
+    results.mkdir(parents=True, exist_ok=True)
     env = child_env(args.omp_wait_policy, args.threads)
     started = time.perf_counter()
     run: dict[str, Any] = {
@@ -498,21 +614,21 @@ def main(argv: list[str] | None = None) -> int:
             "block": args.block,
             "warmup": args.warmup,
             "primitive_max_time": max_time,
+            "repeat": args.repeat,
         },
     }
+    log(f"{'every part' if whole else 'a partial run'} ({', '.join(parts)}) into {results}")
     with envs_lock():
-        envs = third_party_envs()
         impls = {"mine": main_python()}
-        for name, python in envs.items():
-            if {"primitives", "memory"} <= set(args.skip):
-                break  # only the primitives and the memory runs use the third-party environments
-            if ensure_pytest_benchmark(name, python, env):
-                impls[name] = python
-        if "trainer" not in args.skip:
+        if {"primitives", "memory"} & set(parts):  # only these use the third-party environments here
+            for name, python in third_party_envs().items():
+                if ensure_pytest_benchmark(name, python, env):
+                    impls[name] = python
+        if "trainer" in parts:
             log(f"trainer vs TRL: {args.rounds} rounds of {args.block} iterations each")
             run["trainer"] = run_trainer_comparison(args, env)
             run["loadavg_after_trainer"] = os.getloadavg()
-        if "grpo" not in args.skip:
+        if "grpo" in parts:
             log(f"GRPO vs TRL 1.16: {args.rounds} rounds of {args.block} iterations each, betas {args.betas}")
             run["grpo"] = [
                 {**run_grpo_comparison(args, env, beta), "repeat": repeat}
@@ -520,30 +636,42 @@ def main(argv: list[str] | None = None) -> int:
                 for beta in args.betas
             ]
             run["loadavg_after_grpo"] = os.getloadavg()
-        if "primitives" not in args.skip:
-            run["primitives"] = run_primitives(impls, env, max_time)
+        if "primitives" in parts:
+            run["primitives"] = run_primitives(impls, env, max_time, results)
             run["loadavg_after_primitives"] = os.getloadavg()
-        if "memory" not in args.skip:
+        if "memory" in parts:
             memory_impls = {n: p for n, p in impls.items() if n in ("mine", "trl", "verl", "openrlhf")}
             run["memory"] = run_memory(memory_impls, env)
-    if "conformance" not in args.skip:
+        if "family" in parts:
+            run["family"] = run_family(args, results)
+            run["loadavg_after_family"] = os.getloadavg()
+    if "conformance" in parts:
         run["conformance"] = run_conformance(env)
+    if "threads" in parts:
+        run["thread_policy"] = run_threads(args, results)
+        run["loadavg_after_threads"] = os.getloadavg()
     run["loadavg_end"] = os.getloadavg()
     run["wall_seconds"] = time.perf_counter() - started
-    if args.only:  # a partial run: its own JSON; RESULTS.md only gets the GRPO section, if it ran
-        name = "run-" + "-".join(args.only) + ".json"
-        (RESULTS / name).write_text(json.dumps(run, indent=1) + "\n")
-        log(f"wrote bench/results/{name} in {run['wall_seconds'] / 60:.1f} min")
-        if "grpo" in run or "trainer" in run:
-            path = write_grpo_section(run, ROOT / "bench" / "RESULTS.md")
-            log(f"updated the GRPO section of {path.relative_to(ROOT)}")
-        return 0
-    (RESULTS / "run.json").write_text(json.dumps(run, indent=1) + "\n")
-    path = write_report(run, RESULTS, ROOT / "bench" / "RESULTS.md")
-    if "grpo" in run:
-        write_grpo_section(run, path)
-    log(f"wrote {path.relative_to(ROOT)} and bench/results/ in {run['wall_seconds'] / 60:.1f} min")
-    return 0
+    run["machine"]["git_commit_end"] = git_commit()
+    ran_here = [p for p in parts if p in RUN_PARTS]
+    name = "run.json" if whole else "run-" + "-".join(ran_here) + ".json"
+    sections: dict[str, list[str]] = {part: [name] for part in ran_here}
+    if ran_here or whole:
+        (results / name).write_text(json.dumps(run, indent=1) + "\n")
+    for part, key in (("family", "family"), ("threads", "thread_policy")):
+        if key in run:
+            sections[part] = run[key]["files"]
+    moved = run["machine"]["git_commit_end"] != run["machine"]["git_commit"]
+    document.write_manifest(results, sections, header=name if whole and not moved else None)
+    log(f"wrote {results} in {run['wall_seconds'] / 60:.1f} min")
+    if whole and moved:
+        log(
+            f"REFUSED as one run: HEAD moved during the run ({run['machine']['git_commit']} -> "
+            f"{run['machine']['git_commit_end']}); writing the file with every section's commit marked"
+        )
+        render(args, require_one_commit=False)
+        return 1
+    return render(args, require_one_commit=whole)
 
 
 if __name__ == "__main__":

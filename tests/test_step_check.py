@@ -118,6 +118,15 @@ def test_the_readme_step_check_commands_as_typed(tmp_path: Path) -> None:
     assert (
         "STEP-5 FAIL: rows treated as truncated" in verl.stdout and "(rows [0] end with EOS)" in verl.stdout
     )
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 768}))
+    command = ["ppo-ref", "step-check", "--impl", "verl", "--config", "actor.yaml", "--model", "gpt2"]
+    bad = subprocess.run(
+        command, cwd=tmp_path, env=_environment("verl"), capture_output=True, text=True, timeout=600
+    )
+    assert bad.returncode == 2 and bad.stdout == "", bad.stdout + bad.stderr[-3000:]
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last == "ppo-ref step-check: error: model: verl 0.9.1 cannot load a gpt2 model", last
 
 
 CHECKPOINT = {

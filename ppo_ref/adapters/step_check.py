@@ -219,6 +219,12 @@ def _verl(
         notes.append(f"not read by the check (batch sizes, engine, optimizer, logging): {', '.join(ignored)}")
     if unresolved:
         notes.append(f"unresolved interpolations, verl's defaults used instead: {', '.join(unresolved)}")
+    from ppo_ref.adapters.step_kit import tiny_config
+
+    if not hasattr(tiny_config(family), "num_key_value_heads"):  # verl's apply_monkey_patch reads it
+        raise ValueError(
+            f"model: verl {verl.__version__} cannot load a {tiny_config(family).model_type} model"
+        )
     runner = step_module.VerlStep(family=family, settings=applied)
     header = f"verl {verl.__version__} actor update, loss_agg_mode {mode}"
     return runner, header, {"loss_agg_mode": mode, **applied}, notes, accumulation

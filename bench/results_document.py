@@ -306,12 +306,14 @@ def _header(data: Data) -> list[str]:
         settings_run: dict[str, Any] | None = run
     else:
         runs = data.provenances(MEASUREMENTS)
+        commits = len({p.commit for p in runs})
+        origins = ", ".join(f"{p.commit} on {p.date}" for p in runs)
+        plural = ("s" if len(runs) != 1 else "", "s" if commits != 1 else "")
         add(
-            f"**Not one run.** The sections below come from {len(runs)} runs at "
-            f"{len({p.commit for p in runs})} commits ({', '.join(f'{p.commit} on {p.date}' for p in runs)});"
-            " each section names its run, and only figures within one run were measured side by side. "
-            "`python tools/run_bench.py` measures every section at one commit and rewrites this file. "
-            f"{pointers}"
+            f"**Not one run of every benchmark.** The sections below come from {len(runs)} "
+            f"run{plural[0]} at {commits} commit{plural[1]} ({origins}); each section names its run, and "
+            "only figures within one run were measured side by side. `python tools/run_bench.py` "
+            f"measures every section at one commit and rewrites this file. {pointers}"
         )
         add("")
         settings = next(
@@ -346,12 +348,7 @@ def render(data: Data, notes: list[Note], *, require_one_commit: bool = False) -
     """The whole of ``bench/RESULTS.md``. With ``require_one_commit``, a ValueError unless the
     manifest names a header run and every section's data is from its commit."""
     rendered = _rendered_sections(data)
-    for note in notes:
-        if note.section != "readme" and note.section not in rendered:
-            raise ValueError(
-                f"notes: a note for section '{note.section}', which has no data in the manifest "
-                f"({data.results_dir / MANIFEST}): it would be dropped"
-            )
+    orphans = [n for n in notes if n.section != "readme" and n.section not in rendered]
     if require_one_commit:
         if data.header is None:
             raise ValueError("not one run: the manifest names no header run")
@@ -381,8 +378,9 @@ def render(data: Data, notes: list[Note], *, require_one_commit: bool = False) -
         if bullet_notes:
             lines.extend(_after_heading(body, extra))
             return
-        if not body and any(n.section == name for n in notes):
-            raise ValueError(f"notes: a note for section '{name}', which renders nothing from its data")
+        if not body:
+            orphans.extend(n for n in notes if n.section == name)
+            return
         lines.extend(_after_heading(body, extra) if body and body[0].startswith("## ") else body)
         lines.extend(_note_lines(notes, name, data))
 
@@ -417,6 +415,11 @@ def render(data: Data, notes: list[Note], *, require_one_commit: bool = False) -
         section("family", [*text.rstrip("\n").split("\n"), ""], own_provenance=True, bullet_notes=True)
     if "threads" in data.sources:
         section("threads", report.thread_policy_lines(data.first("threads")))
+    if orphans:  # never dropped: a note whose section has no data here is listed at the end
+        lines += ["## Notes about sections without data in this file", ""]
+        for note in orphans:
+            commit = f" (data of commit {note.commit})" if note.commit else ""
+            lines += [f"From `bench/RESULTS-notes.md`, section `{note.section}`{commit}:", "", note.text, ""]
     while lines and not lines[-1]:
         lines.pop()
     return "\n".join(lines) + "\n"

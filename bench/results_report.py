@@ -97,9 +97,10 @@ def _versions(results_dir: Path, primitives: dict[str, Any]) -> dict[str, str]:
 
 def summary_line(trainer_run: dict[str, Any] | None) -> str:
     """The file's first line: the PPO trainer's ratio to TRL 1.12 (``n/a`` without that run)."""
-    trainer = trainer_summary(trainer_run["trainer"]) if trainer_run else None
-    ratio_text = f"{trainer['ratio']:.2f}" if trainer else "n/a"
-    return f"Trainer vs TRL 1.12 PPOTrainer: {ratio_text}x iterations/s (same settings, same run)"
+    if trainer_run is None:
+        return "Trainer vs TRL 1.12 PPOTrainer: not measured in this file"
+    ratio = trainer_summary(trainer_run["trainer"])["ratio"]
+    return f"Trainer vs TRL 1.12 PPOTrainer: {ratio:.2f}x iterations/s (same settings, same run)"
 
 
 def setting_lines(run: dict[str, Any], results_dir: Path) -> list[str]:

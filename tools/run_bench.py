@@ -1,7 +1,7 @@
 """Run every benchmark of ``bench/RESULTS.md`` at one commit and write the whole file.
 
-    python tools/run_bench.py                 # everything at one commit: about an hour on 2 cores
-    python tools/run_bench.py --quick --results-dir /tmp/bench   # a pipeline check: about 23 minutes
+    python tools/run_bench.py                 # everything at one commit: 35-60 minutes on 2 cores
+    python tools/run_bench.py --quick --results-dir /tmp/bench   # a pipeline check: 23 min at load 7
     python tools/run_bench.py --render-only   # no run: rebuild RESULTS.md and README's figures
     python tools/run_bench.py --only grpo     # one part; the file then says it is not one run
 

@@ -8,13 +8,25 @@ benchmarks cannot rot.
 
 from __future__ import annotations
 
+import sys
+import types
+from pathlib import Path
+
 import pytest
 
 from ppo_ref.adapters import get_adapter
 from ppo_ref.adapters.base import Adapter
 
+_TESTS = Path(__file__).resolve().parent.parent / "tests"
+if getattr(sys.modules.get("tests"), "__path__", None) != [str(_TESTS)]:
+    # verl's and OpenRLHF's environments install a top-level ``tests`` package of their own, which
+    # shadows the checkout's (a namespace package: no __init__.py); bind the name to the checkout's
+    # folder so that tests.thirdparty_env and tests.oracles import from here in every environment.
+    sys.modules["tests"] = types.ModuleType("tests")
+    sys.modules["tests"].__path__ = [str(_TESTS)]
+
 # A thirdparty test skipped for a missing .envs/NAME fails instead under PPO_REF_REQUIRE_ENVS=1 (CI).
-from tests.thirdparty_env import pytest_runtest_makereport
+from tests.thirdparty_env import pytest_runtest_makereport  # noqa: E402
 
 __all__ = ["adapter", "pytest_runtest_makereport", "require"]
 

@@ -193,5 +193,12 @@ class MineStep:
 
 
 def make_step() -> MineStep:
-    """ppo-ref's own step runner."""
+    """ppo-ref's own step runner. Its runs go through the trainer, so it needs the extra ``trainer``:
+    without it (the suite-only install) this raises ``ModuleNotFoundError`` naming the extra, which
+    the step tier reports as "not provided"."""
+    from ppo_ref.trainer.requirements import missing_requirements, missing_trainer_message
+
+    missing = missing_requirements()
+    if missing:
+        raise ModuleNotFoundError(f"ppo-ref's step runner is its trainer: {missing_trainer_message(missing)}")
     return MineStep()

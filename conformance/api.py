@@ -46,8 +46,8 @@ class ClauseResult:
     id: str
     title: str
     verdict: str
-    """``pass``, ``declared convention``, ``fail``, ``not provided``, ``not applicable`` or
-    ``not run``."""
+    """``pass``, ``declared convention``, ``matches undeclared convention``, ``fail``, ``not
+    provided``, ``not applicable`` or ``not run``."""
     passed_tests: int
     failed_tests: int
     skipped_tests: int
@@ -64,6 +64,11 @@ class ClauseResult:
     kind: str = "value"
     """``value`` (the numbers, on inputs as the adapter declares them), ``robustness`` (``ROB-*``:
     garbage in masked-out slots) or ``contract``."""
+    undeclared_conventions: tuple[str, ...] = ()
+    """For ``matches undeclared convention``: the lines to paste into the adapter's conventions."""
+    suggestions: tuple[str, ...] = ()
+    """For ``fail``: declarations that widen a tolerance or change the inputs under which the failing
+    tests pass (a hint, not a match)."""
 
     @classmethod
     def from_dict(cls, entry: Mapping[str, Any]) -> ClauseResult:
@@ -92,6 +97,8 @@ class ClauseResult:
                 reproduction=str(entry.get("first_failure_reproduction", "")),
                 reasons=tuple(str(r) for r in entry["skip_reasons"]),
                 kind=str(entry.get("kind", "value")),
+                undeclared_conventions=tuple(str(d) for d in entry.get("undeclared_conventions", ())),
+                suggestions=tuple(str(d) for d in entry.get("suggestions", ())),
             )
         except (KeyError, TypeError) as error:
             raise ValueError(f"entry: not a clause of a conformance report ({error!r})") from error

@@ -39,6 +39,7 @@ from ppo_ref.adapters import (
 )
 from ppo_ref.adapters.conventions import CONVENTIONS, LOSS_AGGREGATIONS, describe
 
+from .inference import Inference
 from .report import ConformanceRecorder
 from .strategies import declared_inputs, register_profiles
 from .support import Context, begin_test, compared_adapter, configure_examples, configure_precision
@@ -136,6 +137,8 @@ def pytest_configure(config: pytest.Config) -> None:
     recorder = ConformanceRecorder(
         context, config.getoption("--conformance-report"), config.invocation_params.args, compact=compact
     )
+    if config.getoption("--conformance-inference") == "on":  # issue 20: conventions inferred
+        recorder.inference = Inference(adapter, context, lambda: recorder.items)
     config.pluginmanager.register(recorder, "ppo-ref-conformance-recorder")
 
 

@@ -28,6 +28,10 @@ Options:
   (the case or property, its input, expected against got, one reproduction), related failing
   clauses (same op) grouped under the first (env ``PPO_REF_CONFORMANCE_OUTPUT``; default ``full``).
 - ``--conformance-shrink``: let Hypothesis shrink failing examples (off by default: much slower).
+- ``--conformance-inference=on|off``: re-run a failing value test under the declarable conventions
+  the adapter does not declare, so a legitimate convention gets the verdict ``matches undeclared
+  convention`` and the declaration to paste instead of a FAIL (env ``PPO_REF_CONFORMANCE_INFERENCE``;
+  default ``on``; :mod:`.inference`).
 - ``--conformance-report=PATH``: write ``PATH.json`` and ``PATH.md`` (a trailing ``.json`` or
   ``.md`` on PATH is dropped first, so PATH is a stem).
 - Hypothesis profiles come from ``strategies.register_profiles``: ``default`` (derandomized, no
@@ -91,6 +95,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=os.environ.get("PPO_REF_CONFORMANCE_SHRINK", "") not in ("", "0"),
         help="let Hypothesis shrink a failing example (smaller inputs, much slower failures; off by "
         "default; env PPO_REF_CONFORMANCE_SHRINK=1)",
+    )
+    group.addoption(
+        "--conformance-inference",
+        choices=("on", "off"),
+        default=os.environ.get("PPO_REF_CONFORMANCE_INFERENCE", "on"),
+        help="on (default): a failing value test is re-run under the declarable conventions the adapter "
+        "does not declare; one that explains the clause gives 'matches undeclared convention' and the "
+        "declaration to paste instead of a FAIL (env PPO_REF_CONFORMANCE_INFERENCE)",
     )
     group.addoption(
         "--conformance-report",

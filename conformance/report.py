@@ -5,6 +5,11 @@ Verdicts, per clause of ``spec/SPEC.md`` (headings ``### CLAUSE-ID: Title``):
 - ``fail``: at least one test of the clause failed;
 - ``declared convention``: its tests passed against the reference variant of a convention the
   adapter declares (listed in the row);
+- ``matches undeclared convention``: tests of the clause failed, and every one of them passes (with
+  every other test of the clause that calls the same ops) against the reference variant of a
+  convention the adapter does not declare: the row gives the declaration to paste into the adapter
+  and the reason the convention is legitimate (:mod:`.inference`; ``--conformance-inference=off``
+  turns the search off);
 - ``pass``: its tests passed against the plain reference;
 - ``not provided``: every test of the clause was skipped because the adapter does not provide the
   op or capability (the reason is given);
@@ -38,6 +43,7 @@ from ppo_ref.adapters import contract_problems, convention_problems
 from ppo_ref.adapters.conventions import describe
 
 from .cases import SPEC_VERSION, spec_clauses
+from .inference import MATCH, Inference
 from .support import Context
 
 __all__ = [
@@ -56,7 +62,7 @@ __all__ = [
 ]
 
 CONTRACT = "CONTRACT"
-VERDICTS = ("pass", "declared convention", "fail", "not provided", "not applicable", "not run")
+VERDICTS = ("pass", "declared convention", MATCH, "fail", "not provided", "not applicable", "not run")
 
 
 @dataclass
@@ -74,6 +80,13 @@ class TestRecord:
     ops: tuple[str, ...] = ()
     inputs: str = ""
     reproduction: str = ""
+    declarations: tuple[str, ...] = ()
+    """For a test a convention explains (outcome ``matched``): the lines to paste."""
+    reasons: tuple[str, ...] = ()
+    """Why each of those conventions is legitimate (its meaning and where it is seen)."""
+    suggestions: tuple[str, ...] = ()
+    """For a failing test: declarations that widen a tolerance or change the inputs, under which it
+    passes (``declaration  # why``)."""
 
 
 _MESSAGE_ENDS = (
@@ -241,9 +254,14 @@ class ConformanceRecorder:
     args: Sequence[str]
     records: dict[str, TestRecord] = field(default_factory=dict)
     compact: bool = False
+    inference: Inference | None = None
+    items: list[pytest.Item] = field(default_factory=list)
     _texts: dict[str, str] = field(default_factory=dict)
+    _explained: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+    _suggested: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        self.items = list(items)
         for item in items:
             clauses = tuple(c for marker in item.iter_markers("clause") for c in marker.args)
             ops = tuple(op for marker in item.iter_markers("ops") for op in marker.args)
@@ -264,7 +282,32 @@ class ConformanceRecorder:
             self._texts[item.nodeid] = "\n".join(
                 "E   " + line for text in failure_lines(call.excinfo.value) for line in str(text).splitlines()
             )
+            if report.when == "call" and self.inference is not None:
+                self._infer(item, report)
         return report
+
+    def _infer(self, item: pytest.Item, report: pytest.TestReport) -> None:
+        """A failing value test: a convention that explains it turns the report into a pass (the
+        record keeps the failure under the declared conventions and the declaration); otherwise
+        the declarations that widen a tolerance or the inputs under which it passes are kept."""
+        assert self.inference is not None
+        try:
+            match = self.inference.explain(item)
+            found = self.inference.suggest(item) if match is None else []
+        except (Exception, pytest.fail.Exception) as error:  # never the session's end: the FAIL stays
+            failure = f"inference failed: {type(error).__name__}: {error}"
+            report.sections.append(("ppo-ref conformance", failure))
+            return
+        if match is None:
+            self._suggested[item.nodeid] = tuple(f"{s.declaration()}  # {s.why}" for s in found)
+            return
+        alternative = match.alternative
+        self._explained[item.nodeid] = (tuple(alternative.declarations()), tuple(alternative.reasons()))
+        report.outcome = "passed"
+        report.longrepr = None
+        report.sections.append(
+            ("ppo-ref conformance", "matches undeclared convention: " + " ".join(alternative.declarations()))
+        )
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         record = self.records.get(report.nodeid)
@@ -274,12 +317,28 @@ class ConformanceRecorder:
             parsed = parse_failure(self._texts.pop(report.nodeid, "") or report.longreprtext or "")
             record.outcome, record.message = "failed", parsed.message
             record.inputs, record.reproduction = parsed.inputs, parsed.reproduction
+            record.suggestions = self._suggested.pop(report.nodeid, ())
+        elif report.when == "call" and report.nodeid in self._explained:
+            parsed = parse_failure(self._texts.pop(report.nodeid, ""))
+            record.outcome, record.message = "matched", parsed.message
+            record.inputs, record.reproduction = parsed.inputs, parsed.reproduction
+            record.declarations, record.reasons = self._explained.pop(report.nodeid)
         elif report.skipped:
             record.outcome, record.message = "skipped", _skip_reason(report)
         elif report.when == "call" and report.passed:
             record.outcome = "passed"
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.inference is not None and self.inference.reruns:
+            terminalreporter.write_line(
+                f"ppo-ref conformance inference: {_count(self.inference.reruns, 're-run')} of failing value "
+                f"tests and their clauses, {self.inference.seconds:.1f} s"
+            )
+        matched = undeclared_conventions(list(self.records.values()))
+        if matched and not self.compact:
+            terminalreporter.write_sep("=", "ppo-ref conformance: undeclared conventions", yellow=True)
+            for line in matched:
+                terminalreporter.write_line(line)
         if not self.compact:
             return
         titles = {CONTRACT: "Adapter contract and declared conventions", **spec_clauses()}
@@ -293,7 +352,7 @@ class ConformanceRecorder:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.report_path is None:
             return
-        report = build_report(self.context, list(self.records.values()), self.args)
+        report = build_report(self.context, list(self.records.values()), self.args, self.inference)
         json_path, md_path = report_paths(self.report_path)
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -309,6 +368,22 @@ def _count(n: int, noun: str) -> str:
 
 def _indent(text: str, prefix: str = "    ") -> list[str]:
     return [prefix + line for line in text.splitlines()]
+
+
+def undeclared_conventions(records: Sequence[TestRecord]) -> list[str]:
+    """What the terminal prints for the tests a convention explains: per declaration, the clauses
+    it explains, the lines to paste into the adapter's ``conventions`` and the reasons."""
+    by_declaration: dict[tuple[str, ...], tuple[list[str], tuple[str, ...]]] = {}
+    for record in records:
+        if record.outcome == "matched":
+            clauses, _ = by_declaration.setdefault(record.declarations, ([], record.reasons))
+            clauses += [c for c in record.clauses if c not in clauses]
+    lines: list[str] = []
+    for declarations, (clauses, reasons) in by_declaration.items():
+        lines.append(f"{MATCH.upper()} in {', '.join(clauses)}: declare in the adapter's conventions")
+        lines += ["    " + line for line in declarations]
+        lines += ["  legitimate because " + reason for reason in reasons]
+    return lines
 
 
 def compact_summary(records: Sequence[TestRecord], titles: dict[str, str]) -> list[str]:
@@ -352,6 +427,10 @@ def compact_summary(records: Sequence[TestRecord], titles: dict[str, str]) -> li
             lines += _indent(shown.inputs)
         lines.append("  expected vs got:")
         lines += _indent(shown.message or "(no message)")
+        suggestions = list(dict.fromkeys(s for r in tests for s in r.suggestions))
+        if suggestions:
+            lines.append("  passes with (a tolerance or the inputs, not a convention match):")
+            lines += _indent("\n".join(suggestions))
         if shown.reproduction:
             lines.append("  reproduce (python, in the repository root):")
             lines += _indent(shown.reproduction)
@@ -365,6 +444,9 @@ def compact_summary(records: Sequence[TestRecord], titles: dict[str, str]) -> li
             )
             lines.append(f"  related (same op), not shown: {counts}")
         lines.append("")
+    matched = undeclared_conventions(records)
+    if matched:
+        lines += [*matched, ""]
     if lines:
         lines.append(
             f"{_count(total, 'failing test')} in {_count(len(clauses), 'clause')}, "
@@ -389,11 +471,15 @@ def clause_kind(clause: str) -> str:
 
 def _clause_entry(clause: str, title: str, records: list[TestRecord], declared: list[str]) -> dict[str, Any]:
     counts = {name: sum(r.outcome == name for r in records) for name in ("passed", "failed", "skipped")}
+    matched = [r for r in records if r.outcome == "matched"]
+    counts["passed"] += len(matched)  # a test a convention explains passes against its variant
     failed = [r for r in records if r.outcome == "failed"]
     skip_reasons = list(dict.fromkeys(r.message for r in records if r.outcome == "skipped"))
     not_provided = [reason for reason in skip_reasons if reason.startswith("not provided")]
     if failed:
         verdict = "fail"
+    elif matched:
+        verdict = MATCH
     elif counts["passed"]:
         verdict = "declared convention" if declared else "pass"
     elif not_provided:
@@ -416,10 +502,17 @@ def _clause_entry(clause: str, title: str, records: list[TestRecord], declared: 
         "first_failure_test": failed[0].nodeid if failed else "",
         "first_failure_reproduction": failed[0].reproduction if failed else "",
         "skip_reasons": skip_reasons,
+        "undeclared_conventions": list(dict.fromkeys(d for r in matched for d in r.declarations)),
+        "convention_reasons": list(dict.fromkeys(d for r in matched for d in r.reasons)),
+        "matched_tests": [r.nodeid for r in matched],
+        "failure_under_declared": matched[0].message if matched and not failed else "",
+        "suggestions": list(dict.fromkeys(s for r in failed for s in r.suggestions)),
     }
 
 
-def build_report(context: Context, records: list[TestRecord], args: Sequence[str]) -> dict[str, Any]:
+def build_report(
+    context: Context, records: list[TestRecord], args: Sequence[str], inference: Inference | None = None
+) -> dict[str, Any]:
     """The report as a JSON-ready dict (see the module docstring for the verdicts)."""
     adapter = context.adapter
     titles = {CONTRACT: "Adapter contract and declared conventions", **spec_clauses()}
@@ -461,6 +554,11 @@ def build_report(context: Context, records: list[TestRecord], args: Sequence[str
         "summary": summary,
         "summary_by_kind": summary_by_kind,
         "passed": summary["fail"] == 0,
+        "inference": {
+            "enabled": inference is not None,
+            "reruns": inference.reruns if inference is not None else 0,
+            "seconds": round(inference.seconds, 1) if inference is not None else 0.0,
+        },
         "clauses": clauses,
     }
 
@@ -473,6 +571,8 @@ def _notes(entry: dict[str, Any]) -> str:
     if entry["verdict"] == "fail":  # the first line whole (the whole message is under Failures)
         first_line = entry["first_failure"].splitlines()[0] if entry["first_failure"] else ""
         return f"{len(entry['failing_tests'])} failing; first: {first_line}"
+    if entry["verdict"] == MATCH:
+        return "declare " + " ".join(f"`{d}`" for d in entry.get("undeclared_conventions", []))
     if entry["declared_conventions"]:
         return "checked against the variant for " + ", ".join(f"`{d}`" for d in entry["declared_conventions"])
     if entry["verdict"] in ("not provided", "not applicable", "not run"):
@@ -527,6 +627,23 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| {entry['id']} | {_cell(entry['title'])} | {verdict} | "
             f"{tests['passed']}/{tests['failed']}/{tests['skipped']} | {_cell(_notes(entry))} |"
         )
+    matched = [entry for entry in report["clauses"] if entry["verdict"] == MATCH]
+    if matched:
+        lines += ["", "## Undeclared conventions", ""]
+        lines.append(
+            "These clauses failed against the reference and pass against the variant of a convention the "
+            "adapter does not declare; paste the declaration into the adapter's `conventions` if the library "
+            "means it:"
+        )
+        lines.append("")
+        for entry in matched:
+            lines.append(f"### {entry['id']}: {entry['title']}")
+            lines += ["", "```python", *entry.get("undeclared_conventions", []), "```", ""]
+            lines += [f"- {_cell(reason)}" for reason in entry.get("convention_reasons", [])]
+            if entry.get("failure_under_declared"):
+                first = entry["failure_under_declared"].splitlines()[0]
+                lines.append(f"- failure without it: {_cell(first)}")
+            lines.append("")
     failures = [entry for entry in report["clauses"] if entry["verdict"] == "fail"]
     if impl["contract_problems"] or failures:
         lines += ["", "## Failures", ""]
@@ -547,6 +664,16 @@ def render_markdown(report: dict[str, Any]) -> str:
         ]
         if entry.get("first_failure_reproduction"):
             lines += ["Reproduction:", "", "```python", entry["first_failure_reproduction"], "```", ""]
+        if entry.get("suggestions"):
+            lines += [
+                "It passes with one of these declarations (not a convention match: a tolerance or "
+                "the inputs):",
+                "",
+                "```python",
+                *entry["suggestions"],
+                "```",
+                "",
+            ]
         lines += [f"- `{nodeid}`" for nodeid in entry["failing_tests"]]
         lines.append("")
     return "\n".join(lines).rstrip() + "\n"

@@ -5,7 +5,10 @@ ppo-ref's own) and declares one documented convention, the clip fraction counted
 tokens with the ratio outside [1 - eps, 1 + eps] (as torchrl and stable-baselines3 do), which it
 computes itself. It leaves out ``entropy`` and ``ppo_penalty_loss``, so the report shows those
 clauses as not provided. ``make_wrong_adapter`` computes the same clip fraction but misspells the
-convention key, so the deviation is undeclared: the suite must fail PG-3 and the contract.
+convention key, so the deviation is undeclared: the suite fails the contract, and its inference
+(issue 20) finds the undeclared clip-fraction convention for PG-3. ``make_planted_adapter`` has two
+undeclared conventions (biased whitening, a value loss without the 1/2) and one bug (k3 with the
+ratio the wrong way up): the suite must name both keys and fail only the bug.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ from torch import Tensor
 
 import ppo_ref
 
-__all__ = ["ADAPTER", "ExampleAdapter", "PolicyLossOutput", "make_adapter", "make_wrong_adapter"]
+__all__ = [
+    "ADAPTER",
+    "ExampleAdapter",
+    "PlantedAdapter",
+    "PolicyLossOutput",
+    "make_adapter",
+    "make_planted_adapter",
+    "make_wrong_adapter",
+]
 
 
 @dataclass(frozen=True)
@@ -88,3 +99,41 @@ def make_wrong_adapter() -> ExampleAdapter:
 
 ADAPTER = make_adapter()
 """An adapter object (not a factory), for ``--impl=tests.example_adapter:ADAPTER``."""
+
+
+class PlantedAdapter(ExampleAdapter):
+    """The example adapter with two conventions it does not declare and one bug."""
+
+    provenance = (
+        "ExampleAdapter with masked_whiten biased (1/n variance), value_loss without the 1/2, and "
+        "kl_penalty's k3 computed from the inverted ratio (a bug)"
+    )
+
+    @staticmethod
+    def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True) -> Tensor:
+        """Convention 1, undeclared: whiten_variance='biased'."""
+        return ppo_ref.masked_whiten(x, mask, shift_mean=shift_mean, unbiased=False)
+
+    @staticmethod
+    def value_loss(
+        values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip_eps: float | None = None
+    ) -> Tensor:
+        """Convention 2, undeclared: value_loss_scale=1.0 (no 1/2)."""
+        return 2.0 * ppo_ref.value_loss(values, old_values, returns, mask, clip_eps)
+
+    @staticmethod
+    def kl_penalty(
+        logp: Tensor, ref_logp: Tensor, estimator: str = "k1", mask: Tensor | None = None
+    ) -> Tensor:
+        """The bug: k3 = exp(logp - ref) - 1 - (logp - ref), the ratio the wrong way up (trlx)."""
+        if estimator != "k3":
+            return ppo_ref.kl_penalty(logp, ref_logp, estimator, mask=mask)
+        keep = torch.ones_like(logp, dtype=torch.bool) if mask is None else mask != 0
+        delta = torch.where(keep, logp - ref_logp, torch.zeros((), dtype=logp.dtype))
+        return delta.exp() - 1.0 - delta
+
+
+def make_planted_adapter() -> PlantedAdapter:
+    """Two undeclared conventions and one bug; declares the clip-fraction convention as
+    :func:`make_adapter` does."""
+    return PlantedAdapter("example-planted", {"clipfrac": "ratio-outside"})

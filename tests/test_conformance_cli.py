@@ -90,14 +90,62 @@ def test_an_undeclared_deviation_fails(tmp_path: Path) -> None:
     )
     assert run.returncode == 1, run.stdout[-3000:]
     verdicts = _verdicts(tmp_path / "wrong")
-    assert verdicts["PG-3"] == "fail"
+    # The misspelt key leaves the clip-fraction rule undeclared: the suite's inference finds it.
+    assert verdicts["PG-3"] == "matches undeclared convention"
     assert verdicts["CONTRACT"] == "fail"
     assert {verdicts[c] for c in ("PG-1", "PG-2", "PG-5", "PG-6")} == {"pass"}
     assert verdicts["PG-4"] == "not provided"
     markdown = (tmp_path / "wrong.md").read_text(encoding="utf-8")
     assert "**Result: FAIL**" in markdown
     assert "unknown key 'clipfrac_definition'" in markdown
+    assert '"clipfrac": "ratio-outside",' in markdown and "## Undeclared conventions" in markdown
+    assert '"clipfrac": "ratio-outside",' in run.stdout  # the terminal says what to paste, too
+
+    # With the inference off, the undeclared deviation is a FAIL, as before issue 20.
+    off = _run_suite(
+        "conformance/test_policy_loss.py",
+        "--impl=tests.example_adapter:make_wrong_adapter",
+        "--conformance-inference=off",
+        f"--conformance-report={tmp_path / 'off'}",
+    )
+    assert off.returncode == 1, off.stdout[-3000:]
+    assert _verdicts(tmp_path / "off")["PG-3"] == "fail"
+    markdown = (tmp_path / "off.md").read_text(encoding="utf-8")
     assert "test_clipfrac_matches_the_reference" in markdown
+
+
+def test_two_undeclared_conventions_are_named_and_only_the_planted_bug_fails(tmp_path: Path) -> None:
+    """Issue 20: the planted adapter computes biased whitening and a value loss without the 1/2
+    (conventions it does not declare) and k3 with the ratio the wrong way up (a bug). The report
+    names both keys with the declaration to paste, and every FAIL left is a test of the bug."""
+    stem = tmp_path / "planted"
+    run = _run_suite(
+        "conformance/",
+        "--impl=tests.example_adapter:make_planted_adapter",
+        "--conformance-output=compact",
+        f"--conformance-report={stem}",
+    )
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
+    report = json.loads(stem.with_name("planted.json").read_text(encoding="utf-8"))
+    clauses = {entry["id"]: entry for entry in report["clauses"]}
+    for clause in ("MASK-2", "MASK-3"):
+        assert clauses[clause]["verdict"] == "matches undeclared convention", clauses[clause]
+        assert clauses[clause]["undeclared_conventions"] == ['"whiten_variance": "biased",']
+        assert "biased (1/n) variance" in clauses[clause]["convention_reasons"][0]
+    for clause in ("VF-1", "VF-2"):
+        assert clauses[clause]["verdict"] == "matches undeclared convention", clauses[clause]
+        assert clauses[clause]["undeclared_conventions"] == ['"value_loss_scale": 1.0,']
+    failing = {
+        entry["id"]: entry["failing_tests"] for entry in report["clauses"] if entry["verdict"] == "fail"
+    }
+    assert {"KL-3", "KL-4"} <= set(failing), failing
+    tests = [test for ids in failing.values() for test in ids]
+    # every failing test is one of k3 in kl_penalty: the kl tests, or a hand case of kl_penalty
+    assert all(("test_kl.py::" in t and "k3" in t) or "KL-" in t or "kl-penalty" in t for t in tests), tests
+    assert report["summary_by_kind"]["value"]["fail"] == len([c for c in failing if not c.startswith("ROB-")])
+    out = run.stdout
+    assert '"whiten_variance": "biased",' in out and '"value_loss_scale": 1.0,' in out
+    assert "FAIL KL-3" in out or "FAIL (value) KL-3" in out
 
 
 def test_unknown_impl_is_a_usage_error_listing_the_adapters() -> None:

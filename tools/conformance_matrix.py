@@ -73,6 +73,10 @@ TEST_DISTRIBUTIONS = ("hypothesis", "pytest", "numpy")
 """What the suite runs on, recorded per environment (``test_versions``): a regeneration elsewhere
 can match them."""
 
+MATCH = "matches undeclared convention"
+"""The verdict of a clause whose failures a convention the adapter does not declare explains
+(``conformance/inference.py``)."""
+
 NO_SHRINK_PROFILE = "ppo-ref-matrix"
 PLUGIN = "tools.conformance_matrix"
 
@@ -391,6 +395,7 @@ def _column(report: Mapping[str, Any]) -> dict[str, Any]:
         "wall_seconds": report.get("wall_seconds"),
         "env_build_seconds": report.get("env_build_seconds"),
         "exit_code": report.get("exit_code"),
+        "inference": report.get("inference", {}),
         "summary": report["summary"],
         "provenance": impl["provenance"],
         "ops": impl["ops"],
@@ -420,6 +425,8 @@ def _cell(entry: Mapping[str, Any], impl: str, findings: Mapping[str, Finding]) 
         cell["detail"] = entry.get("first_failure", "")
     elif verdict == "declared convention":
         cell["conventions"] = [d.split("=", 1)[0] for d in entry.get("declared_conventions", [])]
+    elif verdict == MATCH:  # issue 20: the suite inferred a convention the adapter does not declare
+        cell["declarations"] = list(entry.get("undeclared_conventions", []))
     elif verdict in ("not provided", "not applicable", "not run"):
         cell["detail"] = "; ".join(entry.get("skip_reasons", []))
     return cell
@@ -542,6 +549,9 @@ def render_cell(
         keys = cell.get("conventions", [])
         links_text = ", ".join(f"[{k}](#{_slug(f'{impl}-convention-{k}')})" for k in keys)
         return f"declared convention ({links_text})" if links_text else "declared convention"
+    if verdict == MATCH:
+        declared = ", ".join(f"`{d.rstrip(',')}`" for d in cell.get("declarations", []))
+        return f"*matches undeclared convention* ({declared})" if declared else f"*{MATCH}*"
     if verdict == "not provided":
         return f"[not provided](#{_slug(f'{impl}-not-provided-{clause}')})"
     return str(verdict)
@@ -576,7 +586,10 @@ def render_markdown(matrix: Mapping[str, Any]) -> str:
         "magnitudes), *convention* / *adapter* (withdrawn: a legitimate design or an artefact of the "
         "adapter, pending the contract key or adapter fix), *unexplained* (a failing test no finding "
         "explains). *declared convention* means the clause passed against the reference variant for a "
-        "convention the adapter declares (linked to its source below); *not provided*: the adapter "
+        "convention the adapter declares (linked to its source below); *matches undeclared convention*: "
+        "the clause failed against what the adapter declares and passes, every test of it, against the "
+        "variant of a convention it does not declare (the declaration is given; the suite's inference, "
+        "`conformance/inference.py`); *not provided*: the adapter "
         "cannot reach that op or capability in the library (reasons below); *not applicable*: no op of "
         "the adapter contract computes the clause.",
         "",
@@ -590,6 +603,9 @@ def render_markdown(matrix: Mapping[str, Any]) -> str:
         tools = ", ".join(f"{d} {v}" for d, v in col.get("test_versions", {}).items()) or "?"
         summary = ", ".join(f"{n} {v}" for v, n in col["summary"].items() if n)
         wall = f"{col['wall_seconds']:.0f} s" if col.get("wall_seconds") is not None else "?"
+        inference = col.get("inference") or {}
+        if inference.get("reruns"):
+            wall += f" (inference {inference['seconds']:.0f} s, {inference['reruns']} re-runs)"
         counts = _summary_text(matrix, name)
         lines.append(
             f"| `{name}` | {_md(versions)} | {_md(tools)} | {col['report_date']} | {wall} | {_md(summary)} "

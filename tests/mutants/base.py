@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ppo_ref.adapters import ReferenceAdapter
+from ppo_ref.adapters import ReferenceAdapter, convention_problems
 
 __all__ = ["MutantAdapter", "MutantSpec", "bool_mask", "ratio_and_advantages", "work_dtype"]
 
@@ -47,6 +47,9 @@ class MutantSpec:
         hides_on: for a mutant with a trigger, keyword arguments without the trigger on which it
             agrees with ``mine`` (as close to ``shows_on`` as possible).
         clause: the spec clause whose statement the bug breaks (``GRP-3``), where recorded.
+        convention: for a mutant that implements a declarable convention exactly (issue 20), the
+            declaration that makes it conform (``{"dual_clip": 3.0}``): the suite's inference must
+            give its clauses ``matches undeclared convention`` naming these keys, not a FAIL.
     """
 
     name: str
@@ -58,6 +61,7 @@ class MutantSpec:
     shows_on: Inputs
     hides_on: Inputs | None = None
     clause: str | None = None
+    convention: Mapping[str, object] | None = None
 
     def __post_init__(self) -> None:
         if not BUG_ID.fullmatch(self.bug):
@@ -69,6 +73,11 @@ class MutantSpec:
             raise ValueError(f"clause: expected a spec clause id such as 'GRP-3', got {self.clause!r}")
         if (self.trigger is None) != (self.hides_on is None):
             raise ValueError(f"{self.name}: a trigger and a hiding input go together")
+        if self.convention is not None:
+            problems = convention_problems(self.convention)
+            if problems or not self.convention:
+                found = problems or "got {}"
+                raise ValueError(f"{self.name}: convention: expected a valid declaration, {found}")
 
     @property
     def attribute(self) -> str:

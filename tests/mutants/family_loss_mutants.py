@@ -741,5 +741,6 @@ SPECS: tuple[MutantSpec, ...] = (
         shows_on=lambda: cispo([[0.5, 1.5, 4.5]], [[1.0, -1.0, 0.5]], 0.2, 4.0),
         hides_on=lambda: cispo([[0.85, 1.5, 3.5]], [[1.0, -1.0, 0.5]], 0.2, 4.0),
         clause="CISPO-2",
+        convention={"cispo_bounds": "absolute-cap"},
     ),
 )

@@ -146,9 +146,11 @@ def group_advantages_rloo_unguarded(
         )
     r, _, n, mean = _groups(scores, group_ids)
     # BUG (GRP-3): OpenRLHF's rloo divides the leave-one-out sum by n - 1 with no guard: 0 / 0 = NaN
-    # for a group of one
+    # for a group of one (the larger groups as the reference computes them, so the mutant is exactly
+    # the declarable group_singleton={"rloo": "unguarded"}: issue 20)
     baseline = (mean * n - r) / (n - 1)
-    return r - baseline
+    reference = ppo_ref.group_advantages(scores, group_ids, method, std_scope=std_scope, eps=eps)
+    return torch.where(n < 2, r - baseline, reference.to(r.dtype))
 
 
 def group_advantages_constant_group_unguarded(
@@ -301,6 +303,7 @@ SPECS: tuple[MutantSpec, ...] = (
         shows_on=lambda: _group([1.0, 0.0, 0.0, 2.5], [4, 4, 4, 9], "rloo"),
         hides_on=lambda: _group([1.0, 0.0, 0.0, 2.5, 2.0], [4, 4, 4, 9, 9], "rloo"),
         clause="GRP-3",
+        convention={"group_singleton": {"rloo": "unguarded"}},
     ),
     MutantSpec(
         "GRP3-constant-group-nan",

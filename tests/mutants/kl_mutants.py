@@ -254,6 +254,7 @@ SPECS: tuple[MutantSpec, ...] = (
             "estimator": "k3",
         },
         hides_on=lambda: {**_two_token_kl("k3")},
+        convention={"kl_clamp": {"k3": 10.0}},
     ),
     MutantSpec(
         "D5-kl-ignores-mask",
@@ -278,6 +279,7 @@ SPECS: tuple[MutantSpec, ...] = (
         token_rewards_score_after_eos,
         shows_on=lambda: _rewards(PADDED),
         hides_on=lambda: _rewards(FULL),
+        convention={"score_placement": "after-last-action-token"},
     ),
     MutantSpec(
         "D6-score-on-last-column",
@@ -318,6 +320,7 @@ SPECS: tuple[MutantSpec, ...] = (
         token_rewards_score_clipped,
         shows_on=lambda: {**_rewards(PADDED), "scores": torch.tensor([50.0, -2.0])},
         hides_on=lambda: _rewards(PADDED),
+        convention={"score_clip": 10.0},
     ),
     MutantSpec(
         "D2-reward-ignores-estimator",

@@ -266,6 +266,7 @@ SPECS: tuple[MutantSpec, ...] = (
         None,
         masked_whiten_biased,
         shows_on=lambda: _padded_row(9.0),
+        convention={"whiten_variance": "biased"},
     ),
     MutantSpec(
         "C7-whitening-ignores-shift-mean",

@@ -110,7 +110,11 @@ def policy_loss_dual_clip(
     # BUG (B3): verl's dual clip (c = 3 for A < 0) always on, and dual_clip not declared
     objective = torch.where(adv < 0, torch.maximum(objective, DUAL_CLIP * adv), objective)
     loss = -ppo_ref.aggregate_loss(objective, keep, loss_agg)
-    return _with_loss(logp, old_logp, advantages, mask, clip_eps, loss_agg, loss)
+    # its statistics are those of the same dual clip (dual_clip_frac counts it): the convention exactly
+    result = ppo_ref.policy_loss(
+        logp.detach(), old_logp, advantages, mask, clip_eps, loss_agg, dual_clip=DUAL_CLIP
+    )
+    return dataclasses.replace(result, loss=loss)
 
 
 def policy_loss_log_ratio_clamped(
@@ -344,6 +348,7 @@ SPECS: tuple[MutantSpec, ...] = (
         policy_loss_dual_clip,
         shows_on=lambda: _policy(*CLIP_TABLE),
         hides_on=lambda: _policy([[4.0, 1.4, 0.6, 2.5]], [[2.0, -2.0, 2.0, -1.0]]),
+        convention={"dual_clip": 3.0},
     ),
     MutantSpec(
         "B6-log-ratio-clamped-undeclared",
@@ -354,6 +359,7 @@ SPECS: tuple[MutantSpec, ...] = (
         policy_loss_log_ratio_clamped,
         shows_on=lambda: _policy([[math.exp(25.0), 1.4]], [[-1.0, 2.0]]),
         hides_on=lambda: _policy(*CLIP_TABLE),
+        convention={"log_ratio_clamp": 20.0},
     ),
     MutantSpec(
         "B4-clipfrac-ratio-outside-undeclared",
@@ -364,6 +370,7 @@ SPECS: tuple[MutantSpec, ...] = (
         policy_loss_clipfrac_ratio_outside,
         shows_on=lambda: _policy([[0.5, 1.5]], [[1.0, 1.0]]),
         hides_on=lambda: _policy([[1.5, 0.5, 1.1]], [[1.0, -1.0, 1.0]]),
+        convention={"clipfrac": "ratio-outside"},
     ),
     MutantSpec(
         "B5-approx-kl-over-all-positions",
@@ -374,6 +381,7 @@ SPECS: tuple[MutantSpec, ...] = (
         policy_loss_approx_kl_over_all_positions,
         shows_on=lambda: _policy([[2.0, 0.5, 1.0], [1.3, 1.0, 1.0]], [[1.0, -1.0, 0.0], [1.0, 0, 0]], PADDED),
         hides_on=lambda: _policy([[2.0, 0.5, 1.7], [1.3, 0.8, 1.0]], [[1.0, -1.0, 2.0], [1.0, 0.5, -1.0]]),
+        convention={"unmasked_statistics": ["approx_kl"]},
     ),
     MutantSpec(
         "B5-approx-kl-of-negative-ratio",

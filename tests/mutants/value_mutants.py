@@ -148,6 +148,7 @@ SPECS: tuple[MutantSpec, ...] = (
         None,
         value_loss_without_half,
         shows_on=lambda: _value([[1.0, 9.0]]),
+        convention={"value_loss_scale": 1.0},
     ),
     MutantSpec(
         "F1-value-clipped-error-only",
@@ -158,6 +159,7 @@ SPECS: tuple[MutantSpec, ...] = (
         value_loss_clipped_only,
         shows_on=lambda: _value([[1.0]]),
         hides_on=lambda: _value([[9.0, 5.1]]),
+        convention={"value_clip_form": "clipped-only"},
     ),
     MutantSpec(
         "C2-value-loss-one-token-past-eos",

@@ -131,11 +131,15 @@ def _held_out_agreement(task: Task, contrast_rate: float) -> tuple[float, float]
 
 @pytest.mark.slow
 def test_reward_model_agrees_with_the_rule_on_held_out_pairs(review_rm_task: Task) -> None:
-    # Independent random pairs, 15% of the responses with a typo: measured correlation 0.75, accuracy 0.92.
+    # Independent random pairs, 15% of the responses with a typo: measured correlation 0.75, accuracy
+    # 0.92 on an AMD EPYC; 0.66 and 0.87 on an Intel Xeon with AVX-512/AMX (the task's models train to
+    # other weights there: float rounding differs by CPU). The bounds hold on both; a reward model that
+    # learned nothing scores a correlation near 0 and an accuracy near 0.5.
     correlation, accuracy = _held_out_agreement(review_rm_task, contrast_rate=0.0)
-    assert correlation >= 0.7
+    assert correlation >= 0.6
     assert accuracy >= 0.85
-    # A response against the same one with a typo: the hard case, measured accuracy 0.64 (chance 0.5).
+    # A response against the same one with a typo: the hard case, measured accuracy 0.64 on the EPYC,
+    # 0.69 on the Xeon (chance 0.5).
     assert _held_out_agreement(review_rm_task, contrast_rate=1.0)[1] >= 0.58
 
 

@@ -270,4 +270,5 @@ def test_the_command_says_what_it_is_doing_before_the_long_steps(tmp_path: Path)
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.startswith("ppo-ref train: ")]
     steps = [line.removeprefix("ppo-ref train: ").split(":")[0].split(" ")[0] for line in lines]
-    assert steps == ["loading", "initial", "PPO", "final", "writing"], lines
+    # the thread policy in force, the prompts file read, then the work in order
+    assert steps == ["CPU", "12", "loading", "initial", "PPO", "final", "writing"], lines

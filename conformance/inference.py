@@ -155,7 +155,7 @@ class Inference:
     failed: set[str] = field(default_factory=set)
     reruns: int = 0
     seconds: float = 0.0
-    _groups: dict[frozenset[str], Match | None] = field(default_factory=dict)
+    _groups: dict[tuple[frozenset[str], tuple[str, ...]], Match | None] = field(default_factory=dict)
     _verified: dict[Alternative, set[str]] = field(default_factory=dict)
 
     # --- running one test under a setting ---
@@ -270,8 +270,9 @@ class Inference:
         ops = _item_ops(item)
         if not clauses or not ops or len(clauses) != len(_item_clauses(item)):
             return None
-        if clauses in self._groups:
-            known = self._groups[clauses]
+        group = (clauses, tuple(sorted(ops)))  # IN-1 of one op is not IN-1 of another
+        if group in self._groups:
+            known = self._groups[group]
             if known is not None and item.nodeid in self._verified.get(known.alternative, set()):
                 return known
             if known is not None:  # not checked under it yet (skipped there, or out of its scope)
@@ -282,7 +283,7 @@ class Inference:
             if known is None:
                 return None
         match = self._search(item, clauses, ops)
-        self._groups[clauses] = match
+        self._groups[group] = match
         return match
 
     def _search(self, item: pytest.Item, clauses: frozenset[str], ops: tuple[str, ...]) -> Match | None:

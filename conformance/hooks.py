@@ -121,7 +121,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if compact and config.option.tbstyle == "auto":  # the compact blocks replace the tracebacks
         config.option.tbstyle = "no"
         chars = config.option.reportchars.replace("A", "sxXpP").replace("a", "sxX")
-        config.option.reportchars = chars.replace("f", "").replace("E", "")
+        # the skipped tests are summarised by the compact output too: one line per reason
+        config.option.reportchars = chars.replace("f", "").replace("E", "").replace("s", "")
     impl = config.getoption("--impl")
     try:
         adapter = get_adapter(impl)

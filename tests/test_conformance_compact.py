@@ -37,19 +37,29 @@ def test_compact_output_is_one_block_per_failing_clause_with_one_reproduction(tm
     assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
     out = run.stdout
     blocks = [line for line in out.splitlines() if line.startswith("FAIL ")]
-    # One bug in gae: one block, headed by the first failing clause; the others are grouped under it.
-    assert blocks == ["FAIL GAE-2: Holes are skipped  [op gae]"], out[-4000:]
-    assert "related (same op), not shown: GAE-3" in out
-    assert "IN-1 (1 test)" in out
-    # The block: the case, its input, expected against got (a NaN is a mismatch), one reproduction.
-    assert "hand case: conformance/test_hand_cases.py::test_hand_case[GAE-2/" in out
+    # One block per failing clause, value clauses first, robustness last; within gae's clauses the
+    # one whose hand case isolates the cause (a padded value, no holes, no NaN) leads: GAE-3, not
+    # GAE-2 (issue 20). Each block says the clause's kind.
+    assert blocks[0] == "FAIL (value) GAE-3: Terminal or bootstrap after the last action token  [op gae]", out
+    assert blocks[-1].startswith("FAIL (robustness) ROB-2: "), out
+    assert {b.split(":")[0] for b in blocks} >= {
+        "FAIL (value) GAE-2",
+        "FAIL (value) GAE-4",
+        "FAIL (value) IN-1",
+        "FAIL (value) RPP-1",
+    }
+    # The headline block: the case, its input, expected against got, one reproduction.
+    assert "hand case: conformance/test_hand_cases.py::test_hand_case[GAE-3/c1-padded-value-ignored]" in out
     assert "  input:\n    rewards = torch.tensor(" in out
-    assert "got nan, expected" in out and "max abs diff inf" in out
+    assert "got nan, expected" in out and "max abs diff inf" in out  # a NaN is a mismatch
     assert "max abs diff 0," not in out
-    assert out.count("import torch") == 1  # the reproduction, once
-    # No tracebacks, no Hypothesis blob pointing into the suite's own code.
+    assert out.count("import torch") == 2  # one reproduction per kind's headline (value, robustness)
+    # No tracebacks, no Hypothesis blob pointing into the suite's own code, and the skipped tests
+    # summarised one line per reason instead of pytest's line per reason and source line.
     assert "Traceback" not in out and "@reproduce_failure" not in out and "def test_" not in out
-    assert len(out.splitlines()) < 60, len(out.splitlines())
+    assert "SKIPPED [" not in out and "skipped: 78 tests, by reason" in out
+    assert "    50  not applicable: IN-2 input validation" in out
+    assert len(out.splitlines()) < 110, len(out.splitlines())
 
     # The report keeps every failure's whole reproduction, and it runs.
     report = json.loads(stem.with_name("report.json").read_text(encoding="utf-8"))

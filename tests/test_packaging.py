@@ -229,12 +229,14 @@ def test_the_report_object_rejects_what_is_not_a_report(tmp_path: Path) -> None:
         ConformanceReport.from_json(tmp_path / "bad.json")
 
 
+# The inference is off so the undeclared clip-fraction rule stays a FAIL with a message and a
+# reproduction (on, PG-3 would be "matches undeclared convention": tests/test_conformance_cli.py).
 _API_SCRIPT = """
 import json, sys
 from conformance.api import run_conformance
 report = run_conformance(
     "tests.example_adapter:make_wrong_adapter", report=sys.argv[1], examples=4,
-    pytest_args=["-q", "-k", "test_contract or test_policy_loss"],
+    pytest_args=["-q", "-k", "test_contract or test_policy_loss", "--conformance-inference=off"],
 )
 print(json.dumps({"verdicts": report.verdicts(), "exit": report.exit_code, "passed": report.passed,
                   "spec": report.spec_version, "ppo_ref": report.ppo_ref_version,

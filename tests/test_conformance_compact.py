@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from conformance.cases import load_cases, run_case
+from conformance.report import TestRecord as Record  # not collected as a test class
+from conformance.report import compact_summary, isolation
 
 ROOT = Path(__file__).resolve().parent.parent
 MUTANT = "--impl=tests.mutants.zoo:FACTORIES.C1_padding_values_leak_into_gae"
@@ -106,3 +108,67 @@ def test_a_nan_against_a_number_is_reported_as_a_mismatch() -> None:
     (message,) = run_case(case, _NanGae())
     assert "first mismatch at index (0, 0): got nan, expected 0.425" in message
     assert "max abs diff inf" in message and "max abs diff 0," not in message
+
+
+def _record(
+    nodeid: str, clause: str, inputs: str, outcome: str = "failed", message: str = "x: differ"
+) -> Record:
+    return Record(
+        nodeid, (clause,), outcome=outcome, message=message, ops=("gae",), inputs=inputs, reproduction=""
+    )
+
+
+def test_the_block_whose_case_isolates_the_cause_leads_and_value_comes_before_robustness() -> None:
+    """Issue 20, with records as the recorder keeps them (no suite run): GAE-2's case has holes and
+    NaN, GAE-3's is plain padding, so GAE-3 heads gae's blocks; the robustness block comes last
+    although ROB-2 is listed first; every block names its kind."""
+    holes = "mask = torch.tensor([[1, 0, 0, 1]], dtype=torch.bool)\n"
+    holes += "rewards = torch.tensor([[0.0, nan, nan, 1.0]])"
+    padded = "mask = torch.tensor([[1, 1, 0]], dtype=torch.bool)\nrewards = torch.tensor([[0.0, 1.0, 0.0]])"
+    records = [
+        _record("conformance/test_hand_cases.py::test_hand_case_robustness[ROB-2/x]", "ROB-2", padded + "x"),
+        _record("conformance/test_hand_cases.py::test_hand_case[GAE-2/holes]", "GAE-2", holes),
+        _record("conformance/test_hand_cases.py::test_hand_case[GAE-3/padded]", "GAE-3", padded),
+        _record("conformance/test_gae.py::test_x", "GAE-3", ""),
+    ]
+    titles = {"ROB-2": "Garbage: GAE", "GAE-2": "Holes are skipped", "GAE-3": "Terminal or bootstrap"}
+    lines = compact_summary(records, titles)
+    heads = [line for line in lines if line.startswith("FAIL ")]
+    assert heads == [
+        "FAIL (value) GAE-3: Terminal or bootstrap  [op gae]",
+        "FAIL (value) GAE-2: Holes are skipped  [op gae]",
+        "FAIL (robustness) ROB-2: Garbage: GAE  [op gae]",
+    ]
+    assert isolation(records[2]) < isolation(records[1]) < isolation(records[3])  # hand cases first
+
+
+def test_skipped_tests_are_one_line_per_reason() -> None:
+    skipped = {
+        "not provided: op 'entropy' is not in the adapter's ops": 3,
+        "not provided: op 'gae' is not in the adapter's ops": 2,
+        "not applicable: IN-2 input validation is checked for ppo-ref's own functions only (tests/)": 7,
+    }
+    lines = compact_summary([_record("conformance/test_gae.py::test_x", "GAE-1", "")], {}, skipped)
+    tail = lines[lines.index("skipped: 12 tests, by reason") :]
+    assert tail == [
+        "skipped: 12 tests, by reason",
+        "     7  not applicable: IN-2 input validation is checked for ppo-ref's own functions only (tests/)",
+        "     5  not provided: op '...' is not in the adapter's ops ('entropy', 'gae')",
+    ]
+
+
+def test_a_matched_convention_prints_the_declaration_and_its_reason() -> None:
+    record = Record(
+        "conformance/test_masked.py::test_x",
+        ("MASK-3",),
+        outcome="matched",
+        declarations=('"whiten_variance": "biased",',),
+        reasons=("whiten_variance: biased (seen in OpenRLHF)",),
+    )
+    lines = compact_summary([record], {"MASK-3": "Whitening"})
+    assert lines[:3] == [
+        "MATCHES UNDECLARED CONVENTION in MASK-3: declare in the adapter's conventions",
+        '    "whiten_variance": "biased",',
+        "  legitimate because whiten_variance: biased (seen in OpenRLHF)",
+    ]
+    assert "0 failing tests in 0 clauses" in lines[-1]

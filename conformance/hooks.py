@@ -13,11 +13,12 @@ adapter ops it calls (skipped as "not provided" when the adapter does not list o
 ``correction_mode:mask``, ``mask_holes:gae``, ``whiten_mode:keep-mean``) that the adapter's
 conventions may exclude.
 
-Input conventions (issue 11): every test runs inside :func:`.strategies.declared_inputs` with the
-adapter's declared ``masked_fill`` and, when all of the test's ops are in its ``prefix_masks``,
-hole-free masks; so the value clauses see what the library's own pipeline feeds it, and only the
-robustness clauses (``ROB-*``, whose strategies pass ``junk=True``) write NaN and inf whatever is
-declared.
+Input conventions (issues 11 and 20): every test runs inside :func:`.strategies.declared_inputs`
+with the adapter's declared ``masked_fill`` and the edge inputs it declares (``edge_inputs``; never
+holes when all of the test's ops are in its ``prefix_masks``), and an edge clause's test also with
+the edge input it is about (:func:`.support.drawn_inputs`); so the value clauses see what the
+library's own pipeline feeds it, the edge clauses the edge inputs, and only the robustness clauses
+(``ROB-*``, whose strategies pass ``junk=True``) write NaN and inf whatever is declared.
 """
 
 from __future__ import annotations
@@ -39,10 +40,19 @@ from ppo_ref.adapters import (
 )
 from ppo_ref.adapters.conventions import CONVENTIONS, LOSS_AGGREGATIONS, describe
 
+from .cases import Case
 from .inference import Inference
 from .report import ConformanceRecorder
 from .strategies import declared_inputs, register_profiles
-from .support import Context, begin_test, compared_adapter, configure_examples, configure_precision
+from .support import (
+    Context,
+    begin_test,
+    compared_adapter,
+    configure_examples,
+    configure_precision,
+    drawn_inputs,
+    edge_clause,
+)
 
 # Registered at import, before Hypothesis' plugin reads --hypothesis-profile in pytest_configure.
 register_profiles()
@@ -198,12 +208,19 @@ def _missing_capability(context: Context, capability: str) -> str | None:
     return f"not provided: the adapter declares {key}={describe(declared)} ({CONVENTIONS[key].allowed})"
 
 
+@pytest.hookimpl(tryfirst=True)  # before the recorder reads the clause markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     context = config.stash.get(CONTEXT_KEY, None)
     if context is None:
         return
     provided: object = getattr(context.adapter, "ops", frozenset())
     for item in items:
+        case = getattr(getattr(item, "callspec", None), "params", {}).get("case")
+        if getattr(item, "originalname", None) == "test_hand_case" and isinstance(case, Case):
+            edge = edge_clause(case, context.conventions.edge_inputs)
+            if edge is not None:  # a value case on an undeclared edge input: its edge clause's
+                item.own_markers[:] = [m for m in item.own_markers if m.name != "clause"]
+                item.add_marker(pytest.mark.clause(edge))
         reasons = [
             f"not provided: op {op!r} is not in the adapter's ops"
             for marker in item.iter_markers("ops")
@@ -225,10 +242,9 @@ def item_ops(item: pytest.Item) -> list[str]:
     return [op for marker in item.iter_markers("ops") for op in marker.args]
 
 
-def holes_allowed(context: Context, item: pytest.Item) -> bool:
-    """False when every op the test calls is declared in ``prefix_masks`` (its masks have no holes)."""
-    ops = item_ops(item)
-    return not (ops and all(op in context.conventions.prefix_masks for op in ops))
+def item_clauses(item: pytest.Item) -> list[str]:
+    """The spec clauses a test's ``clause`` markers name."""
+    return [clause for marker in item.iter_markers("clause") for clause in marker.args]
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -238,7 +254,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     if context is None:
         yield
         return
-    with declared_inputs(context.conventions.masked_fill, holes_allowed(context, item)):
+    with declared_inputs(**drawn_inputs(context.conventions, item_ops(item), item_clauses(item))):
         yield
 
 

@@ -120,7 +120,7 @@ class _Setting:
 
     conventions: ConventionSet
     masked_fill: str | float
-    holes: bool | None = None  # None: as the conventions say (prefix_masks)
+    holes: bool | None = None  # None: as the conventions and the test's clauses say (drawn_inputs)
 
 
 def _item_ops(item: pytest.Item) -> tuple[str, ...]:
@@ -186,16 +186,16 @@ class Inference:
                 kwargs[name] = params[name]
             else:
                 return f"cannot be re-run (argument {name!r})"
-        ops = _item_ops(item)
-        holes = setting.holes
-        if holes is None:
-            holes = not (ops and all(op in setting.conventions.prefix_masks for op in ops))
+        inputs = support.drawn_inputs(setting.conventions, _item_ops(item), _item_clauses(item))
+        inputs["masked_fill"] = setting.masked_fill
+        if setting.holes is not None:
+            inputs["holes"] = setting.holes
         self.reruns += 1
         start = time.monotonic()
         support.configure_precision(setting.conventions.float32_ops)
         support.begin_test()
         try:
-            with declared_inputs(setting.masked_fill, holes), _examples(function, examples):
+            with declared_inputs(**inputs), _examples(function, examples), support.inference_rerun():
                 function(**kwargs)
         except pytest.skip.Exception as skipped:
             return f"{SKIPPED}{skipped}"
@@ -326,7 +326,7 @@ class Inference:
                 "there, declare it (the robustness clauses ROB-* keep checking them)"
             )
             tries.append((Suggestion("masked_fill", "finite", why), _Setting(declared, "finite")))
-        if not all(op in declared.prefix_masks for op in ops):
+        if support.drawn_inputs(declared, ops, _item_clauses(item))["holes"]:
             value = sorted(set(declared.prefix_masks) | set(ops))
             why = (
                 "the failure needs holes in the mask; if the library's masks are a prefix of each row, "

@@ -32,7 +32,7 @@ import datetime as _dt
 import json
 import re
 import sys
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,15 +45,17 @@ from ppo_ref.adapters.conventions import describe
 
 from .cases import SPEC_VERSION, spec_clauses
 from .inference import MATCH, Inference
-from .support import Context
+from .support import CONTRACT, KINDS, Context, clause_kind
 
 __all__ = [
     "CONTRACT",
+    "KINDS",
     "SUITE_DIR",
     "ConformanceRecorder",
     "ParsedFailure",
     "TestRecord",
     "build_report",
+    "clause_kind",
     "compact_summary",
     "failure_lines",
     "parse_failure",
@@ -62,7 +64,6 @@ __all__ = [
     "suite_test_id",
 ]
 
-CONTRACT = "CONTRACT"
 VERDICTS = ("pass", "declared convention", MATCH, "fail", "not provided", "not applicable", "not run")
 
 
@@ -347,7 +348,8 @@ class ConformanceRecorder:
         if not self.compact:
             return
         titles = {CONTRACT: "Adapter contract and declared conventions", **spec_clauses()}
-        lines = compact_summary(list(self.records.values()), titles, self._skips)
+        edge = self.context.conventions.edge_inputs
+        lines = compact_summary(list(self.records.values()), titles, self._skips, edge)
         if lines:
             terminalreporter.write_sep("=", "ppo-ref conformance failures (compact)", red=True, bold=True)
             for line in lines:
@@ -391,10 +393,12 @@ def undeclared_conventions(records: Sequence[TestRecord]) -> list[str]:
     return lines
 
 
-KIND_SEVERITY = ("value", "robustness", "contract")
+KIND_SEVERITY = ("value", "edge", "robustness", "contract")
 """Kinds of clause, the most severe first: the order of the compact blocks (issue 20). A value FAIL
-is a wrong number on inputs as declared, a robustness FAIL garbage in masked-out slots reaching a
-result; a contract FAIL (the adapter's own attributes) comes last, under the numbers."""
+is a wrong number on inputs as declared, an edge FAIL a wrong number on an edge input the adapter
+does not declare its pipeline produces (holes, rows without action tokens, ``-inf`` logits), a
+robustness FAIL garbage in masked-out slots reaching a result; a contract FAIL (the adapter's own
+attributes) comes last, under the numbers."""
 
 _NUMBER = re.compile(r"nan|inf|-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 _MASK = re.compile(r"mask = torch\.tensor\((\[.*?\]\])")
@@ -434,7 +438,8 @@ class _Block:
     related: list[str] = field(default_factory=list)
 
 
-_QUOTED = re.compile(r"'[^']*'")
+_QUOTED = re.compile(r"(?<![A-Za-z])'[^']*'(?![A-Za-z])")
+"""A quoted name (``'entropy'``), not an apostrophe (``adapter's``)."""
 
 
 def _skip_lines(records: Sequence[TestRecord], skipped: Mapping[str, int] | None) -> list[str]:
@@ -450,7 +455,8 @@ def _skip_lines(records: Sequence[TestRecord], skipped: Mapping[str, int] | None
         return []
     merged: dict[str, tuple[int, list[str], list[str]]] = {}  # template -> (count, reasons, names)
     for reason, n in counts.items():
-        template = _QUOTED.sub("'...'", reason)
+        # only a reason with one quoted name is merged with others (several: kept as it is)
+        template = _QUOTED.sub("'...'", reason) if len(_QUOTED.findall(reason)) == 1 else reason
         total, reasons, names = merged.get(template, (0, [], []))
         names += [name for name in _QUOTED.findall(reason) if name not in names]
         merged[template] = (total + n, [*reasons, reason], names)
@@ -462,11 +468,15 @@ def _skip_lines(records: Sequence[TestRecord], skipped: Mapping[str, int] | None
 
 
 def compact_summary(
-    records: Sequence[TestRecord], titles: dict[str, str], skipped: Mapping[str, int] | None = None
+    records: Sequence[TestRecord],
+    titles: dict[str, str],
+    skipped: Mapping[str, int] | None = None,
+    edge_inputs: Iterable[str] = (),
 ) -> list[str]:
     """The compact failure output (issue 20): one block per failing clause, the most severe kind
-    first (:data:`KIND_SEVERITY`: value, robustness, contract), so the block that shows a wrong
-    number on the library's own inputs leads.
+    first (:data:`KIND_SEVERITY`: value, edge, robustness, contract; ``edge_inputs``: those the
+    adapter declares, whose clauses are value clauses), so the block that shows a wrong number on the
+    library's own inputs leads.
 
     Within a kind, the failing clauses of one op are ordered by how well their failing test isolates
     the cause (:func:`isolation`): the first is the op's headline block (the case, its input,
@@ -482,11 +492,12 @@ def compact_summary(
                 failing.setdefault(clause, []).append(record)
     order = {clause: index for index, clause in enumerate(titles)}
     clauses = sorted(failing, key=lambda c: (order.get(c, len(order)), c))
+    edge_inputs = frozenset(edge_inputs)
     blocks: list[_Block] = []
     for clause in clauses:
         tests = failing[clause]
         shown = min(tests, key=isolation)
-        kind, ops = clause_kind(clause), {op for record in tests for op in record.ops}
+        kind, ops = clause_kind(clause, edge_inputs), {op for record in tests for op in record.ops}
         home = next(
             (
                 b
@@ -521,8 +532,12 @@ def compact_summary(
     if matched:
         lines += [*matched, ""]
     if lines:
+        kinds = [clause_kind(clause, edge_inputs) for clause in clauses]
+        by_kind = ", ".join(f"{kind} {kinds.count(kind)}" for kind in KIND_SEVERITY if kind in kinds)
         lines.append(
-            f"{_count(total, 'failing test')} in {_count(len(clauses), 'clause')}, "
+            f"{_count(total, 'failing test')} in {_count(len(clauses), 'clause')}"
+            + (f" ({by_kind})" if by_kind else "")
+            + ", "
             f"{_count(len(blocks), 'block')} above; --conformance-output=full shows every traceback, "
             "--conformance-report=PATH writes them all"
         )
@@ -572,20 +587,9 @@ def _block_lines(
     return lines
 
 
-KINDS = ("contract", "value", "robustness")
-"""Kinds of clause (spec introduction): ``robustness`` (ROB-*: garbage in masked-out slots, checked
-whatever the adapter declares), ``value`` (the numbers, on inputs as the adapter declares them),
-``contract`` (the adapter's own attributes)."""
-
-
-def clause_kind(clause: str) -> str:
-    """``robustness`` for ``ROB-*``, ``contract`` for ``CONTRACT``, else ``value``."""
-    if clause == CONTRACT:
-        return "contract"
-    return "robustness" if clause.startswith("ROB-") else "value"
-
-
-def _clause_entry(clause: str, title: str, records: list[TestRecord], declared: list[str]) -> dict[str, Any]:
+def _clause_entry(
+    clause: str, title: str, records: list[TestRecord], declared: list[str], kind: str
+) -> dict[str, Any]:
     counts = {name: sum(r.outcome == name for r in records) for name in ("passed", "failed", "skipped")}
     matched = [r for r in records if r.outcome == "matched"]
     counts["passed"] += len(matched)  # a test a convention explains passes against its variant
@@ -609,7 +613,7 @@ def _clause_entry(clause: str, title: str, records: list[TestRecord], declared: 
     return {
         "id": clause,
         "title": title,
-        "kind": clause_kind(clause),
+        "kind": kind,
         "verdict": verdict,
         "tests": counts,
         "declared_conventions": declared,
@@ -639,7 +643,11 @@ def build_report(
     touched = context.conventions.clauses()
     clauses = [
         _clause_entry(
-            clause, titles.get(clause, "(not in SPEC.md)"), by_clause[clause], touched.get(clause, [])
+            clause,
+            titles.get(clause, "(not in SPEC.md)"),
+            by_clause[clause],
+            touched.get(clause, []),
+            clause_kind(clause, context.conventions.edge_inputs),
         )
         for clause in by_clause
     ]
@@ -700,10 +708,11 @@ def _notes(entry: dict[str, Any]) -> str:
 
 def _kind_lines(report: dict[str, Any]) -> list[str]:
     """One line per kind of clause: value clauses (the numbers on the declared inputs) apart from
-    robustness ones (garbage in masked-out slots)."""
+    edge ones (edge inputs the adapter does not declare) and robustness ones (garbage in masked-out
+    slots)."""
     by_kind = report.get("summary_by_kind") or {}
     lines = []
-    for kind in ("value", "robustness"):
+    for kind in ("value", "edge", "robustness"):
         counts = by_kind.get(kind, {})
         text = ", ".join(f"{n} {verdict}" for verdict, n in counts.items() if n)
         if text:
@@ -733,14 +742,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"| ppo-ref | {report['ppo_ref_version']} (Python {report['python']}) |",
         f"| Command | `{_cell(report['command'])}` |",
         "",
-        "| Clause | Title | Verdict | Tests (pass/fail/skip) | Notes |",
-        "|---|---|---|---|---|",
+        "| Clause | Kind | Title | Verdict | Tests (pass/fail/skip) | Notes |",
+        "|---|---|---|---|---|---|",
     ]
     for entry in report["clauses"]:
         verdict = "**FAIL**" if entry["verdict"] == "fail" else entry["verdict"]
         tests = entry["tests"]
         lines.append(
-            f"| {entry['id']} | {_cell(entry['title'])} | {verdict} | "
+            f"| {entry['id']} | {entry.get('kind', '')} | {_cell(entry['title'])} | {verdict} | "
             f"{tests['passed']}/{tests['failed']}/{tests['skipped']} | {_cell(_notes(entry))} |"
         )
     matched = [entry for entry in report["clauses"] if entry["verdict"] == MATCH]
@@ -769,7 +778,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append("")
     for entry in failures:
         lines += [
-            f"### {entry['id']}: {entry['title']}",
+            f"### {entry['id']} ({entry.get('kind', 'value')}): {entry['title']}",
             "",
             f"First failure (`{entry.get('first_failure_test', '')}`):",
             "",

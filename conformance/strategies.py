@@ -18,13 +18,16 @@ Helpers for invariance tests: :func:`fill_masked` (write arbitrary values, NaN a
 into the masked-out slots), :func:`append_padding` (add trailing columns) and :func:`insert_holes`
 (insert columns inside the rows).
 
-Input conventions (issue 11): :func:`declared_inputs` sets, for the draws inside it, what the
-masked-out slots hold (``masked_fill``: ``"any"``, the default, draws NaN, +-inf and arbitrary
-floats there half of the time; ``"finite"`` leaves finite values of the same kind as the action
-tokens'; ``"zero"`` or a number fills them) and whether masks may have holes. The conformance suite
-enters it around every test with the adapter's declared ``masked_fill`` and ``prefix_masks``, so the
-value clauses see inputs a library's own pipeline produces; ``junk=True`` (the robustness clauses)
-writes junk whatever is declared.
+Input conventions (issues 11 and 20): :func:`declared_inputs` sets, for the draws inside it, what
+the masked-out slots hold (``masked_fill``: ``"any"``, the default outside the suite, draws NaN,
++-inf and arbitrary floats there half of the time; ``"finite"`` leaves finite values of the same
+kind as the action tokens'; ``"zero"`` or a number fills them) and which *edge inputs* are drawn:
+masks with holes (``holes``), rows without an action token and batches without any
+(``empty_rows``), ``-inf`` logits (``inf_logits``). Outside a ``declared_inputs`` block every edge
+input is drawn (ppo-ref's own property tests). The conformance suite enters it around every test
+with the adapter's declared ``masked_fill`` and ``edge_inputs`` (value clauses: what the library's
+own pipeline produces) or with the edge input forced on (the edge clauses); ``junk=True`` (the
+robustness clauses) writes junk whatever is declared.
 """
 
 from __future__ import annotations
@@ -144,17 +147,21 @@ LOG_RATIO_MAX = 3.0
 # --------------------------------------------------------------------------------------------------
 # Input conventions: what the masked-out slots hold, whether masks have holes (issue 11)
 
-_INPUTS: dict[str, Any] = {"masked_fill": "any", "holes": True}
+_INPUTS: dict[str, Any] = {"masked_fill": "any", "holes": True, "empty_rows": True, "inf_logits": True}
 
 
 @contextlib.contextmanager
-def declared_inputs(masked_fill: str | float = "any", holes: bool = True) -> Iterator[None]:
+def declared_inputs(
+    masked_fill: str | float = "any", holes: bool = True, empty_rows: bool = True, inf_logits: bool = True
+) -> Iterator[None]:
     """Within the block, draws obey an implementation's declared input conventions.
 
     ``masked_fill``: ``"any"`` (default: junk, NaN and +-inf included, in the masked-out slots of
     half the bundles), ``"finite"`` (the drawn finite values stay there), ``"zero"`` or a finite
     number (the slots hold it). ``holes`` False draws masks without holes (a prefix of action tokens
-    per row). ``junk=True`` in a bundle strategy still writes junk (robustness checks).
+    per row). ``empty_rows`` False draws at least one action token in every row of every mask, even
+    where a strategy is asked for empty rows. ``inf_logits`` False draws finite logits only (no
+    banned tokens). ``junk=True`` in a bundle strategy still writes junk (robustness checks).
 
     >>> with declared_inputs("zero"):
     ...     batch = policy_batches(junk=False).example()
@@ -174,10 +181,11 @@ def declared_inputs(masked_fill: str | float = "any", holes: bool = True) -> Ite
         raise ValueError(
             f"masked_fill: expected 'any', 'finite', 'zero' or a finite number, got {masked_fill!r}"
         )
-    if not isinstance(holes, bool):
-        raise ValueError(f"holes: expected a bool, got {type(holes).__name__}")
+    for name, flag in (("holes", holes), ("empty_rows", empty_rows), ("inf_logits", inf_logits)):
+        if not isinstance(flag, bool):
+            raise ValueError(f"{name}: expected a bool, got {type(flag).__name__}")
     saved = dict(_INPUTS)
-    _INPUTS.update(masked_fill=masked_fill, holes=holes)
+    _INPUTS.update(masked_fill=masked_fill, holes=holes, empty_rows=empty_rows, inf_logits=inf_logits)
     try:
         yield
     finally:
@@ -594,6 +602,7 @@ def _draw_mask(
     if rows * steps < min_tokens:
         raise ValueError(f"masks: shape {shape} cannot hold {min_tokens} action tokens")
     holes = holes and bool(_INPUTS["holes"])
+    empty_rows = empty_rows and bool(_INPUTS["empty_rows"])
     grid: list[list[bool]] = []
     for _ in range(rows):
         length = draw(_lengths(0 if empty_rows else 1, steps))
@@ -955,7 +964,7 @@ def logits_batches(
         draw, (rows, length, vocab), torch.float32 if dtype in HALF_DTYPES else dtype, -10, 10
     )
     logits = logits.to(dtype)
-    if banned_tokens and vocab > 1 and draw(_BOOLS):
+    if banned_tokens and _INPUTS["inf_logits"] and vocab > 1 and draw(_BOOLS):
         banned = torch.tensor(_draw_bits(draw, rows * length * vocab)).reshape(rows, length, vocab)
         banned[..., draw(_indices(vocab))] = False  # one token always stays allowed
         logits = logits.masked_fill(banned, -math.inf)

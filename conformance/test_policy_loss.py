@@ -243,7 +243,7 @@ def test_ratio_statistics_match_the_reference(ctx: Context, data: st.DataObject)
         assert_close(getattr(actual, name), getattr(expected, name), batch.logp.dtype, name)
 
 
-@pytest.mark.clause("PG-6")
+@pytest.mark.clause("PG-7")
 @examples()
 @given(batch=cs.policy_batches(loss_aggs=("token-mean",), empty_rows=True), data=st.data())
 def test_step_zero_identity(ctx: Context, batch: cs.PolicyBatch, data: st.DataObject) -> None:

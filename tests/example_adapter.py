@@ -9,6 +9,10 @@ convention key, so the deviation is undeclared: the suite fails the contract, an
 (issue 20) finds the undeclared clip-fraction convention for PG-3. ``make_planted_adapter`` has two
 undeclared conventions (biased whitening, a value loss without the 1/2) and one bug (k3 with the
 ratio the wrong way up): the suite must name both keys and fail only the bug.
+``make_empty_row_adapter`` divides by the row's token count without a guard (NaN for a row without
+action tokens): right on every input a single-turn pipeline produces, so the suite must report
+only edge FAILs, unless the adapter declares ``edge_inputs = ["empty_rows"]``
+(``make_empty_row_adapter_declared``), when they are value FAILs (issue 20).
 """
 
 from __future__ import annotations
@@ -24,10 +28,13 @@ import ppo_ref
 
 __all__ = [
     "ADAPTER",
+    "EmptyRowAdapter",
     "ExampleAdapter",
     "PlantedAdapter",
     "PolicyLossOutput",
     "make_adapter",
+    "make_empty_row_adapter",
+    "make_empty_row_adapter_declared",
     "make_planted_adapter",
     "make_wrong_adapter",
 ]
@@ -137,3 +144,33 @@ def make_planted_adapter() -> PlantedAdapter:
     """Two undeclared conventions and one bug; declares the clip-fraction convention as
     :func:`make_adapter` does."""
     return PlantedAdapter("example-planted", {"clipfrac": "ratio-outside"})
+
+
+class EmptyRowAdapter(ExampleAdapter):
+    """The example adapter whose ``masked_mean`` divides by the count unguarded for a row or the whole
+    batch: 0/0 = NaN on a row or batch without action tokens (bug catalogue E2), exact wherever every
+    row has one (its per-column mean guards the count: right padding makes empty columns)."""
+
+    provenance = "ExampleAdapter with masked_mean = sum(where(mask, x, 0)) / mask.sum(), no guard for 0"
+
+    @staticmethod
+    def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+        keep = mask != 0
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        total = torch.where(keep, x, torch.zeros((), dtype=x.dtype)).to(dtype)
+        if dim is None:  # NaN for a batch without action tokens
+            return total.sum() / keep.sum()
+        counts = keep.sum(dim)
+        if dim % x.dim() == 0:  # per column: a column of padding is 0 (every padded batch has one)
+            counts = counts.clamp(min=1)
+        return total.sum(dim) / counts  # per row: NaN for a row without action tokens
+
+
+def make_empty_row_adapter() -> EmptyRowAdapter:
+    """No edge input declared: its NaN on empty rows is an edge FAIL."""
+    return EmptyRowAdapter("example-empty-row", {"clipfrac": "ratio-outside"})
+
+
+def make_empty_row_adapter_declared() -> EmptyRowAdapter:
+    """Declares that its pipeline makes rows without action tokens: the same NaN is a value FAIL."""
+    return EmptyRowAdapter("example-empty-row", {"clipfrac": "ratio-outside", "edge_inputs": ["empty_rows"]})

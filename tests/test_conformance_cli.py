@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conformance.cases import spec_clauses
+from conformance.support import EDGE_CLAUSES
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.multiprocess  # each test starts pytest in a subprocess (most: the whole suite)
@@ -68,6 +69,9 @@ def test_example_adapter_passes_with_its_declared_convention(tmp_path: Path) -> 
             "not provided",
         ),
         "CLIP-3": "declared convention",
+        # its one hand case has a hole, an edge input this adapter does not declare (it moves to
+        # EDGE-1), and its property needs group_advantages (issue 20)
+        "RPP-2": "not provided",
     }
     for clause, verdict in verdicts.items():
         assert verdict == expected_special.get(clause, "pass"), f"{clause}: {verdict}"
@@ -75,7 +79,8 @@ def test_example_adapter_passes_with_its_declared_convention(tmp_path: Path) -> 
     assert markdown.startswith("# Conformance report: example ")
     assert "**Result: PASS**" in markdown
     for clause, title in clauses.items():
-        assert f"| {clause} | {title} |" in markdown
+        kind = "robustness" if clause.startswith("ROB-") else "edge" if clause in EDGE_CLAUSES else "value"
+        assert f"| {clause} | {kind} | {title} |" in markdown
     assert "checked against the variant for `clipfrac='ratio-outside'`" in markdown
     assert "not provided: op 'entropy' is not in the adapter's ops" in markdown
 
@@ -146,6 +151,37 @@ def test_two_undeclared_conventions_are_named_and_only_the_planted_bug_fails(tmp
     out = run.stdout
     assert '"whiten_variance": "biased",' in out and '"value_loss_scale": 1.0,' in out
     assert "FAIL KL-3" in out or "FAIL (value) KL-3" in out
+
+
+def test_a_wrong_number_on_an_undeclared_edge_input_is_an_edge_fail(tmp_path: Path) -> None:
+    """Issue 20: an adapter whose masked_mean is NaN on a row or batch without action tokens gets an
+    edge FAIL only (EDGE-2: its MASK-1 hand cases on such inputs moved there), no value FAIL, and
+    leads its compact output with it; declaring that its pipeline makes empty rows turns the same
+    hand cases into a value FAIL of MASK-1 (and EDGE-2 into a value clause, which it passes: its
+    properties insert empty rows into batches that keep a token)."""
+    failing: dict[str, dict[str, str]] = {}
+    for factory in ("make_empty_row_adapter", "make_empty_row_adapter_declared"):
+        stem = tmp_path / factory
+        run = _run_suite(
+            "conformance/",
+            f"--impl=tests.example_adapter:{factory}",
+            "--conformance-output=compact",
+            f"--conformance-report={stem}",
+        )
+        assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
+        report = json.loads(stem.with_name(f"{factory}.json").read_text(encoding="utf-8"))
+        entries = {entry["id"]: entry for entry in report["clauses"]}
+        failing[factory] = {c: e["kind"] for c, e in entries.items() if e["verdict"] == "fail"}
+        counts = report["summary_by_kind"]
+        assert sum(counts[k]["fail"] for k in ("value", "edge", "robustness")) == len(failing[factory])
+        tests = [t for c in failing[factory] for t in entries[c]["failing_tests"]]
+        assert any("MASK-1/empty-mask" in t for t in tests), tests
+        heads = [line for line in run.stdout.splitlines() if line.startswith("FAIL (")]
+        first = heads[0].split()[2].rstrip(",:")
+        assert heads[0].startswith(f"FAIL ({failing[factory][first]}) "), heads
+    assert failing["make_empty_row_adapter"] == {"EDGE-2": "edge"}
+    assert failing["make_empty_row_adapter_declared"].get("MASK-1") == "value"
+    assert "EDGE-2" not in failing["make_empty_row_adapter_declared"]
 
 
 def test_unknown_impl_is_a_usage_error_listing_the_adapters() -> None:

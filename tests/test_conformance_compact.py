@@ -132,7 +132,7 @@ def test_the_block_whose_case_isolates_the_cause_leads_and_value_comes_before_ro
         _record("conformance/test_gae.py::test_x", "GAE-3", ""),
     ]
     titles = {"ROB-2": "Garbage: GAE", "GAE-2": "Holes are skipped", "GAE-3": "Terminal or bootstrap"}
-    lines = compact_summary(records, titles)
+    lines = compact_summary(records, titles, edge_inputs={"holes"})  # a pipeline that makes holes
     heads = [line for line in lines if line.startswith("FAIL ")]
     assert heads == [
         "FAIL (value) GAE-3: Terminal or bootstrap  [op gae]",
@@ -140,6 +140,17 @@ def test_the_block_whose_case_isolates_the_cause_leads_and_value_comes_before_ro
         "FAIL (robustness) ROB-2: Garbage: GAE  [op gae]",
     ]
     assert isolation(records[2]) < isolation(records[1]) < isolation(records[3])  # hand cases first
+    # undeclared, holes are an edge input: GAE-2 is an edge block, after the value ones
+    lines = compact_summary(records, titles)
+    heads = [line for line in lines if line.startswith("FAIL ")]
+    assert heads == [
+        "FAIL (value) GAE-3: Terminal or bootstrap  [op gae]",
+        "FAIL (edge) GAE-2: Holes are skipped  [op gae]",
+        "FAIL (robustness) ROB-2: Garbage: GAE  [op gae]",
+    ]
+    assert "(value 1, edge 1, robustness 1)" in lines[-1] or any(
+        "(value 1, edge 1, robustness 1)" in x for x in lines
+    )
 
 
 def test_skipped_tests_are_one_line_per_reason() -> None:
@@ -155,6 +166,10 @@ def test_skipped_tests_are_one_line_per_reason() -> None:
         "     7  not applicable: IN-2 input validation is checked for ppo-ref's own functions only (tests/)",
         "     5  not provided: op '...' is not in the adapter's ops ('entropy', 'gae')",
     ]
+    # a reason with two quoted names is kept whole; the apostrophe of "adapter's" is no quote
+    two = "not provided: op 'kl_loss' is not in the adapter's ops; not provided: the keyword 'counts'"
+    lines = compact_summary([], {}, {two: 2, "not provided: op 'gae' is not in the adapter's ops": 1})
+    assert lines[1:] == [f"     2  {two}", "     1  not provided: op 'gae' is not in the adapter's ops"]
 
 
 def test_a_matched_convention_prints_the_declaration_and_its_reason() -> None:

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from conformance.support import EDGE_CLAUSES
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -25,9 +27,12 @@ def _tool() -> Any:
 
 
 def _clause(clause: str, verdict: str, **extra: Any) -> dict[str, Any]:
+    """A report's clause entry; its kind ``value`` (GAE-2 of an adapter that declares holes) unless
+    ``kind`` is given."""
     entry = {
         "id": clause,
         "title": f"title of {clause}",
+        "kind": "value",
         "verdict": verdict,
         "declared_conventions": [],
         "first_failure": "",
@@ -207,7 +212,10 @@ def test_robustness_only_cell_and_an_unexplained_test() -> None:
     assert cell["reach"] == "unexplained"
     assert matrix["unexplained_failures"] == [f"lib GAE-2: {extra}"]
     text = tool.render_markdown(matrix)
-    assert "**FAIL** (unexplained): [lib-nan-padding](findings.md#lib-nan-padding), 1 failing test no" in text
+    assert (
+        "**FAIL** (unexplained) [value: the adapter declares this edge input]: "
+        "[lib-nan-padding](findings.md#lib-nan-padding), 1 failing test no"
+    ) in text
     assert f"- lib GAE-2: {extra}" in text
     matrix = tool.build_matrix(_reports([GAE_TESTS[2]]), _findings())
     assert matrix["reach_counts"]["lib"] == {"robustness": 1}
@@ -228,12 +236,32 @@ def test_robustness_clauses_are_counted_apart() -> None:
     assert "| ROB-1 (robustness) | title of ROB-1 |" in text
 
 
+def test_edge_clauses_are_counted_apart_unless_declared() -> None:
+    """Issue 20: an edge cell (an edge input the adapter does not declare) is counted apart from the
+    value cells, in the header's summary too; the row names its kind."""
+    tool = _tool()
+    reports = _reports()
+    for entry in reports["lib"]["clauses"]:
+        if entry["id"] == "GAE-2":
+            entry["kind"] = "edge"  # an adapter that does not declare holes
+    matrix = tool.build_matrix(reports, _findings())
+    assert matrix["reach_counts"]["lib"] == {}
+    assert matrix["edge_reach_counts"]["lib"] == {"trainer-path": 1}
+    cell = {row["id"]: row["verdicts"] for row in matrix["clauses"]}["GAE-2"]["lib"]
+    assert cell["kind"] == "edge"
+    text = tool.render_markdown(matrix)
+    assert "- `lib`: value clauses: none; edge clauses: trainer-path 1" in text
+    assert "| GAE-2 (edge) | title of GAE-2 | pass | **FAIL** (trainer-path): " in text
+    assert tool.EDGE_CLAUSES == frozenset(EDGE_CLAUSES)  # the tool's copy is the suite's
+
+
 def test_markdown_links_failures_conventions_and_sources() -> None:
     tool = _tool()
     matrix = tool.build_matrix(REPORTS, _findings())
     text = tool.render_markdown(matrix)
     assert (
-        "| GAE-2 | title of GAE-2 | pass | **FAIL** (trainer-path): "
+        "| GAE-2 (edge) | title of GAE-2 | pass | **FAIL** (trainer-path) [value: the adapter declares this "
+        "edge input]: "
         "[lib-gae-padding](findings.md#lib-gae-padding) (trainer-path), "
         "[lib-nan-padding](findings.md#lib-nan-padding) (robustness) |"
     ) in text

@@ -154,7 +154,8 @@ def test_mutant_is_mine_with_one_op_replaced(spec: MutantSpec) -> None:
     mine = get_adapter("mine")
     assert not contract_problems(adapter)
     assert adapter.name == f"mutant:{spec.name}"
-    assert (adapter.version, adapter.ops, dict(adapter.conventions)) == (mine.version, mine.ops, {})
+    conventions = (mine.version, mine.ops, dict(mine.conventions))
+    assert (adapter.version, adapter.ops, dict(adapter.conventions)) == conventions
     changed = [op for op in sorted(mine.ops) if getattr(adapter, op) is not getattr(mine, op)]
     assert changed == [spec.op]
 

@@ -126,11 +126,12 @@ def test_the_spec_has_a_version_and_the_changelog_describes_it() -> None:
     changelog = (SPEC_PATH.parent / "CHANGELOG.md").read_text(encoding="utf-8")
     versions = [line.split()[1] for line in changelog.splitlines() if line.startswith("## ")]
     assert versions[0] == SPEC_VERSION, "the newest changelog entry is not the spec's version"
-    assert versions == ["1.3.0", "1.2.0", "1.1.0", "1.0.0"]
+    assert versions == ["1.4.0", "1.3.0", "1.2.0", "1.1.0", "1.0.0"]
     # 1.0.0 had 33 clauses; 1.1.0 added the PPO-family prefixes, and nothing else.
     clauses = list(spec_clauses())
     family = ("GRP-", "AGG-", "CLIP-", "GSPO-", "CISPO-", "KLL-", "IS-", "RPP-")
-    assert len([c for c in clauses if not c.startswith((*family, "ROB-", "STEP-"))]) == 33
+    # 1.4.0 split PG-6 (PG-7: the step-0 identity) and added the edge clauses (issue 20)
+    assert len([c for c in clauses if not c.startswith((*family, "ROB-", "STEP-", "EDGE-"))]) == 34
     section = changelog.split("## 1.1.0", 1)[1].split("## 1.0.0", 1)[0]
     for prefix in family:
         assert f"{prefix}1" in section, f"{prefix} clauses are not in the 1.1.0 entry"
@@ -142,6 +143,10 @@ def test_the_spec_has_a_version_and_the_changelog_describes_it() -> None:
     newest = changelog.split("## 1.3.0", 1)[1].split("## 1.2.0", 1)[0]
     assert "STEP-1" in newest
     assert [c for c in clauses if c.startswith("STEP-")] == [f"STEP-{i}" for i in range(1, 6)]
+    # 1.4.0 added the edge clauses (issue 20).
+    edge = changelog.split("## 1.4.0", 1)[1].split("## 1.3.0", 1)[0]
+    assert "EDGE-1" in edge and "PG-7" in edge
+    assert [c for c in clauses if c.startswith("EDGE-")] == ["EDGE-1", "EDGE-2", "EDGE-3"]
 
 
 def test_spec_version_rejects_a_spec_without_a_version_line(tmp_path: Path) -> None:

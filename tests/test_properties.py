@@ -26,7 +26,7 @@ CLAUSES = (
     "KL-1", "KL-2", "KL-3", "KL-4",
     "RWD-1", "RWD-2", "RWD-3",
     "GAE-1", "GAE-2", "GAE-3", "GAE-4",
-    "PG-1", "PG-2", "PG-3", "PG-4", "PG-5", "PG-6",
+    "PG-1", "PG-2", "PG-3", "PG-4", "PG-5", "PG-6", "PG-7",
     "VF-1", "VF-2", "PEN-1", "PEN-2", "EV-1", "KLC-1", "KLC-2",
     "IN-1", "IN-2",
     "GRP-1", "GRP-2", "GRP-3", "GRP-4",
@@ -292,7 +292,7 @@ def test_aggregate_loss_matches_oracle(batch: cs.PolicyBatch, data: st.DataObjec
     oracles.assert_close_to_oracle(out, expected, per_token.dtype, scale=scale)
 
 
-@pytest.mark.clause("PG-6", "PG-3", "PG-5")
+@pytest.mark.clause("PG-7", "PG-3", "PG-5")
 @given(cs.policy_batches(junk=False))
 def test_policy_loss_step0_identity(batch: cs.PolicyBatch) -> None:
     result = ppo_ref.policy_loss(batch.old_logp, batch.old_logp, batch.advantages, batch.mask, batch.clip_eps)

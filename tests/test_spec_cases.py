@@ -32,10 +32,10 @@ REFERENCE = ReferenceOps()
 # The clause ids of the ground rules, in SPEC.md order: SPEC.md must define exactly these.
 CLAUSE_IDS = (
     "LOGP-1 LOGP-2 LOGP-3 ENT-1 MASK-1 MASK-2 MASK-3 KL-1 KL-2 KL-3 KL-4 RWD-1 RWD-2 RWD-3 "
-    "GAE-1 GAE-2 GAE-3 GAE-4 PG-1 PG-2 PG-3 PG-4 PG-5 PG-6 VF-1 VF-2 PEN-1 PEN-2 EV-1 KLC-1 KLC-2 "
+    "GAE-1 GAE-2 GAE-3 GAE-4 PG-1 PG-2 PG-3 PG-4 PG-5 PG-6 PG-7 VF-1 VF-2 PEN-1 PEN-2 EV-1 KLC-1 KLC-2 "
     "IN-1 IN-2 GRP-1 GRP-2 GRP-3 GRP-4 AGG-1 AGG-2 AGG-3 CLIP-1 CLIP-2 CLIP-3 GSPO-1 GSPO-2 GSPO-3 "
     "CISPO-1 CISPO-2 KLL-1 KLL-2 KLL-3 IS-1 IS-2 IS-3 RPP-1 RPP-2 ROB-1 ROB-2 ROB-3 ROB-4 "
-    "STEP-1 STEP-2 STEP-3 STEP-4 STEP-5"
+    "STEP-1 STEP-2 STEP-3 STEP-4 STEP-5 EDGE-1 EDGE-2 EDGE-3"
 ).split()
 
 
@@ -151,7 +151,7 @@ def test_run_case_reports_a_missing_gradient() -> None:
 
 
 def test_run_case_reports_missing_outputs_and_ops() -> None:
-    messages = run_case(_case("PG-6/step-0-identity"), _DetachedLoss())
+    messages = run_case(_case("PG-7/step-0-identity"), _DetachedLoss())
     assert any("output 'approx_kl' missing" in message for message in messages)
     assert run_case(_case("KLC-2/unchanged"), object()) != []
 

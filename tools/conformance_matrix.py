@@ -80,6 +80,15 @@ MATCH = "matches undeclared convention"
 NO_SHRINK_PROFILE = "ppo-ref-matrix"
 PLUGIN = "tools.conformance_matrix"
 
+EDGE_CLAUSES = frozenset({"EDGE-1", "EDGE-2", "EDGE-3", "GAE-2", "RWD-3", "PG-6"})
+"""The edge clauses (spec section 22; ``conformance.support.EDGE_CLAUSES`` names the input of each;
+a test checks the two agree)."""
+
+
+def clause_is_edge(clause: str) -> bool:
+    return clause in EDGE_CLAUSES
+
+
 ANCHOR = re.compile(r'<a id="([A-Za-z0-9_.-]+)"></a>')
 
 
@@ -416,9 +425,19 @@ def _link(cell: dict[str, Any], impl: str, clause: str, findings: Mapping[str, F
     cell["reach"] = cell_reach(ids, unexplained, findings)
 
 
+def spec_kind(clause: str) -> str:
+    """A row's kind as the spec states it (an adapter that declares an edge input has that edge
+    clause as a value clause: its cell's ``kind`` says so)."""
+    if clause.startswith("ROB-"):
+        return "robustness"
+    if clause == "CONTRACT":
+        return "contract"
+    return "edge" if clause in EDGE_CLAUSES else "value"
+
+
 def _cell(entry: Mapping[str, Any], impl: str, findings: Mapping[str, Finding]) -> dict[str, Any]:
     verdict = entry["verdict"]
-    cell: dict[str, Any] = {"verdict": verdict}
+    cell: dict[str, Any] = {"verdict": verdict, "kind": entry.get("kind") or spec_kind(entry["id"])}
     if verdict == "fail":
         cell["failing_tests"] = list(entry.get("failing_tests", []))
         _link(cell, impl, entry["id"], findings)
@@ -433,13 +452,14 @@ def _cell(entry: Mapping[str, Any], impl: str, findings: Mapping[str, Finding]) 
 
 
 def reach_counts(matrix: Mapping[str, Any], impl: str, kind: str = "value") -> dict[str, int]:
-    """FAIL cells of ``impl`` in the clauses of ``kind`` (``value``: every clause not of kind
-    ``robustness``), by reach, in SEVERITY order (only the reaches that occur)."""
+    """FAIL cells of ``impl`` of ``kind`` (the cell's: ``value`` takes the contract row too), by
+    reach, in SEVERITY order (only the reaches that occur)."""
     counts = {reach: 0 for reach in SEVERITY}
     for row in matrix["clauses"]:
-        if (row.get("kind") == "robustness") != (kind == "robustness"):
-            continue
         cell = row["verdicts"].get(impl)
+        cell_kind = (cell or {}).get("kind") or row.get("kind") or "value"
+        if (cell_kind if cell_kind in ("edge", "robustness") else "value") != kind:
+            continue
         if cell and cell["verdict"] == "fail":
             reach = cell.get("reach", "unknown")
             counts[reach if reach in counts else "unknown"] += 1
@@ -467,8 +487,7 @@ def build_matrix(
         for entry in report["clauses"]:
             row = rows.setdefault(entry["id"], {"id": entry["id"], "title": entry["title"], "verdicts": {}})
             row["title"] = entry["title"]
-            if entry.get("kind"):
-                row["kind"] = entry["kind"]
+            row["kind"] = spec_kind(entry["id"])
             row["verdicts"][impl] = _cell(entry, impl, findings)
     for row in rows.values():  # re-link kept columns to the current findings
         for impl, cell in row["verdicts"].items():
@@ -497,6 +516,7 @@ def build_matrix(
         "columns": {name: columns[name] for name in order},
         "clauses": [rows[c] for c in clause_order],
         "reach_counts": {},
+        "edge_reach_counts": {},
         "robustness_reach_counts": {},
         "unexplained_failures": unexplained,
         "findings": {
@@ -513,6 +533,7 @@ def build_matrix(
         },
     }
     matrix["reach_counts"] = {name: reach_counts(matrix, name) for name in order}
+    matrix["edge_reach_counts"] = {name: reach_counts(matrix, name, "edge") for name in order}
     matrix["robustness_reach_counts"] = {name: reach_counts(matrix, name, "robustness") for name in order}
     return dict(scrub(matrix))
 
@@ -544,7 +565,13 @@ def render_cell(
         unexplained = len(cell.get("unexplained", []))
         if unexplained:
             links.append(f"{unexplained} failing test{'s' if unexplained > 1 else ''} no finding explains")
-        return f"**FAIL** ({reach}): " + ", ".join(links)
+        kind = cell.get("kind")
+        declared = (
+            " [value: the adapter declares this edge input]"
+            if kind == "value" and clause_is_edge(clause)
+            else ""
+        )
+        return f"**FAIL** ({reach}){declared}: " + ", ".join(links)
     if verdict == "declared convention":
         keys = cell.get("conventions", [])
         links_text = ", ".join(f"[{k}](#{_slug(f'{impl}-convention-{k}')})" for k in keys)
@@ -563,8 +590,10 @@ def _counts_text(counts: Mapping[str, int]) -> str:
 
 def _summary_text(matrix: Mapping[str, Any], name: str) -> str:
     value = _counts_text(matrix.get("reach_counts", {}).get(name, {}))
+    edge = matrix.get("edge_reach_counts", {}).get(name, {})
     robust = matrix.get("robustness_reach_counts", {}).get(name, {})
     text = f"value clauses: {value}"
+    text += f"; edge clauses: {_counts_text(edge)}" if edge else ""
     return text + (f"; robustness clauses: {_counts_text(robust)}" if robust else "")
 
 
@@ -594,7 +623,7 @@ def render_markdown(matrix: Mapping[str, Any]) -> str:
         "the adapter contract computes the clause.",
         "",
         "| Implementation | Versions | Test tools | Report | Suite wall time | Result "
-        "| FAIL cells by reach |",
+        "| FAIL cells by kind (value, edge, robustness) and reach |",
         "|---|---|---|---|---|---|---|",
     ]
     for name in names:
@@ -615,15 +644,18 @@ def render_markdown(matrix: Mapping[str, Any]) -> str:
     lines.append("|---|---|" + "---|" * len(names))
     for row in matrix["clauses"]:
         cells = [render_cell(n, row["id"], row["verdicts"].get(n), sources) for n in names]
-        label = f"{row['id']} (robustness)" if row.get("kind") == "robustness" else row["id"]
+        kind = row.get("kind", "value")
+        label = f"{row['id']} ({kind})" if kind in ("edge", "robustness") else row["id"]
         lines.append(f"| {label} | {_md(row['title'])} | " + " | ".join(_md(c) for c in cells) + " |")
     lines += [
         "",
         "## Failures by reach",
         "",
         "FAIL cells per implementation, by the most severe reach of the findings linked to each: value "
-        "clauses (inputs that obey the adapter's declared input conventions) apart from the robustness "
-        "clauses (ROB-*: NaN, inf and junk in masked-out slots whatever is declared).",
+        "clauses (inputs that obey the adapter's declared input conventions) apart from the edge clauses "
+        "(EDGE-*, GAE-2, RWD-3, PG-6: holes, rows without action tokens and -inf logits, unless the "
+        "adapter declares its pipeline produces them; a cell marked [value] is one it declares) and the "
+        "robustness clauses (ROB-*: NaN, inf and junk in masked-out slots whatever is declared).",
         "",
     ]
     for name in names:
@@ -675,7 +707,7 @@ def render_markdown(matrix: Mapping[str, Any]) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-CHECKED = ("verdict", "reach", "findings", "unexplained")
+CHECKED = ("verdict", "kind", "reach", "findings", "unexplained")
 """What --check compares in every cell of the implementations it runs."""
 
 

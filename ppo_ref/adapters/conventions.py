@@ -53,6 +53,7 @@ __all__ = [
     "CORRECTION_BOUNDS",
     "CORRECTION_LEVELS",
     "CORRECTION_MODES",
+    "EDGE_INPUTS",
     "GROUP_METHODS",
     "GROUP_SINGLETONS",
     "GROUP_STD_SCOPES",
@@ -106,10 +107,17 @@ POLICY_STATISTICS: tuple[str, ...] = ("clipfrac", "approx_kl")
 VALUE_CLIP_MODES: tuple[str, ...] = ("clipped", "unclipped")
 MASKED_FILLS: tuple[str, ...] = ("any", "finite", "zero")
 """What a library's own pipeline puts into the masked-out slots of an op's per-token inputs (besides
-a number, its pad value): ``any`` (anything, NaN and +-inf included: the reference), ``finite`` (finite
-values of the same kind as the action tokens', e.g. a forward pass's log-probs at pad tokens),
-``zero``. The value clauses are checked on such inputs; the robustness clauses (ROB-*) always write
-NaN, +-inf and arbitrary floats there."""
+a number, its pad value): ``any`` (anything, NaN and +-inf included: ppo-ref declares it), ``finite``
+(finite values of the same kind as the action tokens', e.g. a forward pass's log-probs at pad
+tokens: the default, what every pipeline produces), ``zero``. The value clauses are checked on such
+inputs; the robustness clauses (ROB-*) always write NaN, +-inf and arbitrary floats there."""
+EDGE_INPUTS: tuple[str, ...] = ("holes", "empty_rows", "inf_logits")
+"""Inputs some pipelines produce and most never do (issue 20): masks with ``holes`` (tool or
+observation tokens inside a response: multi-turn agents), ``empty_rows`` (a row without an action
+token, a batch or micro-batch without any, ``T = 0``), ``inf_logits`` (``-inf`` logits: banned
+tokens). By default the value clauses never draw them and the edge clauses (kind ``edge``) do; an
+adapter whose pipeline produces one declares it in ``edge_inputs`` and the clauses about it become
+value clauses."""
 CALL_CONTEXTS: tuple[str, ...] = ("none", "batch-token-count")
 """What the adapter passes a loss besides the contract's arguments, as the library's own engine does:
 nothing (the reference), or the batch's action-token count (verl's engine passes the global batch's
@@ -121,7 +129,7 @@ _PREFIX_MASK_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "kl_penalty": ("KL-1", "KL-2", "KL-3"),
         "token_rewards": ("RWD-1", "RWD-2"),
         "gae": ("GAE-2", "RPP-1"),
-        "policy_loss": ("PG-1", "PG-2", "PG-3", "PG-5", "PG-6"),
+        "policy_loss": ("PG-1", "PG-2", "PG-3", "PG-5", "PG-6", "PG-7"),
         "value_loss": ("VF-1", "VF-2"),
     }
 )
@@ -205,6 +213,20 @@ def _masked_fill(value: object) -> object:
     return float(value)
 
 
+def _edge_inputs(value: object) -> object:
+    if value == "all":
+        return frozenset(EDGE_INPUTS)
+    if value == "none":
+        return frozenset()
+    return _subset(EDGE_INPUTS, allow_empty=True)(value)
+
+
+def _masked_fill_clauses(value: object) -> tuple[str, ...]:
+    """A pad value or zeros narrow IN-1 (only that value is written there); ``finite`` is the default
+    and ``any`` widens the check, so neither marks IN-1 as a declared convention."""
+    return () if value in ("any", "finite") else ("IN-1",)
+
+
 def _prefix_masks(value: object) -> object:
     if value == "all":
         return frozenset(_OP_NAMES)
@@ -265,7 +287,7 @@ OP_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "kl_penalty": ("KL-1", "KL-2", "KL-3", "KL-4"),
         "token_rewards": ("RWD-1", "RWD-2", "RWD-3"),
         "gae": ("GAE-1", "GAE-2", "GAE-3", "GAE-4", "RPP-1"),
-        "policy_loss": ("PG-1", "PG-2", "PG-3", "PG-4", "PG-5", "PG-6", "CLIP-1", "CLIP-2", "CLIP-3"),
+        "policy_loss": ("PG-1", "PG-2", "PG-3", "PG-4", "PG-5", "PG-6", "PG-7", "CLIP-1", "CLIP-2", "CLIP-3"),
         "value_loss": ("VF-1", "VF-2"),
         "ppo_penalty_loss": ("PEN-1",),
         "group_advantages": ("GRP-1", "GRP-2", "GRP-3", "GRP-4", "RPP-2"),
@@ -776,16 +798,18 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
             # --- input conventions: what the library's own pipeline feeds its functions (issue 11) ---
             Convention(
                 "masked_fill",
-                "any",
+                "finite",
                 "'any', 'finite', 'zero' or a finite number (the pad value)",
                 "what the library's pipeline puts into the masked-out slots of per-token inputs; the "
-                "value clauses draw such inputs, the robustness clauses (ROB-*) NaN, +-inf and any "
-                "float whatever is declared",
-                "zero: TRL 1.12 PPOTrainer (masked_fill of values and rewards), torchrl and "
-                "stable-baselines3 buffers; finite: verl, OpenRLHF, skyrl-train (log-probs and values "
-                "of a forward pass at pad tokens)",
+                "value clauses draw such inputs (finite values by default, what every pipeline "
+                "produces), the robustness clauses (ROB-*) NaN, +-inf and any float whatever is "
+                "declared",
+                "any: ppo-ref (its value clauses are checked with junk there); zero: TRL 1.12 "
+                "PPOTrainer (masked_fill of values and rewards), torchrl and stable-baselines3 "
+                "buffers; finite: verl, OpenRLHF, skyrl-train (log-probs and values of a forward pass "
+                "at pad tokens)",
                 _masked_fill,
-                _static("IN-1"),
+                _masked_fill_clauses,
             ),
             Convention(
                 "prefix_masks",
@@ -799,6 +823,20 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 "get_advantages_and_returns runs through (docs/findings.md openrlhf-2)",
                 _prefix_masks,
                 _prefix_mask_clauses,
+            ),
+            Convention(
+                "edge_inputs",
+                frozenset(),
+                "'all', 'none' or a collection of 'holes', 'empty_rows', 'inf_logits'",
+                "the edge inputs the library's own pipeline produces: masks with holes, rows or "
+                "batches without an action token, -inf logits. Undeclared, the value clauses never "
+                "draw them and the edge clauses (kind edge: EDGE-1..3, GAE-2, RWD-3, PG-6) check "
+                "them apart; declared, those clauses are value clauses and every value clause draws "
+                "them",
+                "all: ppo-ref; holes: OpenRLHF (its multi-turn agent masks the environment's tokens "
+                "between turns, docs/findings.md openrlhf-2)",
+                _edge_inputs,
+                _static(),
             ),
             Convention(
                 "value_after_last_action_token",
@@ -962,6 +1000,7 @@ class ConventionSet:
     clipfrac_agg: str = _reference("clipfrac_agg")
     masked_fill: str | float = _reference("masked_fill")
     prefix_masks: frozenset[str] = _reference("prefix_masks")
+    edge_inputs: frozenset[str] = _reference("edge_inputs")
     value_after_last_action_token: str = _reference("value_after_last_action_token")
     log_ratio_clamp_statistics: str = _reference("log_ratio_clamp_statistics")
     call_context: str = _reference("call_context")

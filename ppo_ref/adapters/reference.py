@@ -16,13 +16,16 @@ __all__ = ["ReferenceAdapter", "make_adapter"]
 
 
 class ReferenceAdapter:
-    """Every op is the :mod:`ppo_ref` function of the same name; no convention is declared."""
+    """Every op is the :mod:`ppo_ref` function of the same name. It declares only input conventions,
+    the widest: junk in every masked-out slot (``masked_fill = any``) and every edge input (holes,
+    rows and batches without action tokens, ``-inf`` logits), so its value clauses are checked on
+    all of them; no convention changes an expected value."""
 
     name = "mine"
     version = ppo_ref.__version__
     provenance = "each op is the ppo_ref function of the same name (ppo_ref.<op>), called unchanged"
     ops: frozenset[str] = frozenset(OP_NAMES)
-    conventions: Mapping[str, object] = MappingProxyType({})
+    conventions: Mapping[str, object] = MappingProxyType({"masked_fill": "any", "edge_inputs": "all"})
 
     token_logprobs = staticmethod(ppo_ref.token_logprobs)
     entropy = staticmethod(ppo_ref.entropy)

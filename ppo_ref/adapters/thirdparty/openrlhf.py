@@ -81,6 +81,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "loss_aggregations": ["token-mean", "seq-mean-token-mean"],
         "policy_loss_options": ["clip_eps_high", "dual_clip", "counts"],
         "masked_fill": "finite",
+        "edge_inputs": ["holes"],
         "log_ratio_clamp_statistics": "raw",
         "compute_dtype": {"kl_penalty": "float32", "token_rewards": "float32", "kl_loss": "float32"},
         "score_clip": 10.0,
@@ -111,6 +112,10 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "masked_fill": "openrlhf/trainer/ppo_utils/experience_maker.py make_experience: action log-probs, "
         "values and the reference log-probs come from forward passes over the padded sequences (finite at "
         "pad tokens); compute_reward puts the score on the last action token of zeros",
+        "edge_inputs": "openrlhf/utils/agent.py MultiTurnAgentExecutor returns one action range per turn "
+        "and trainer/ppo_utils/samples_generator.py SamplesGenerator._process_response_into_experience sets "
+        "action_mask to 1 on those ranges only, so the environment's tokens between two turns are holes "
+        "(--train.agent_func_path; docs/findings.md openrlhf-2)",
         "log_ratio_clamp_statistics": "openrlhf/models/loss.py PolicyLoss.forward: the ratio uses "
         "`raw_policy_log_ratio.clamp(-20, 20)`, `ppo_kl = masked_mean(-raw_policy_log_ratio.detach(), "
         "action_mask)` the unclamped one",

@@ -84,6 +84,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "policy_loss_options": ["clip_eps_high", "dual_clip"],
         **FAMILY_CONVENTIONS,
         "masked_fill": "finite",
+        "edge_inputs": ["empty_rows", "holes"],
         "off_mask_outputs": ["gae", "masked_whiten"],
         "compute_dtype": {"policy_loss": "float32"},
     }
@@ -117,6 +118,12 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "masked_fill": "skyrl_train/trainer.py fwd_logprobs_values_reward: log-probs and values come from "
         "forward passes over the padded sequences (finite at pad tokens); token-level rewards are 0 "
         "except the score (skyrl_train/utils/ppo_utils.py)",
+        "edge_inputs": "skyrl_train/generators/utils.py apply_overlong_filtering (generator."
+        "apply_overlong_filtering: true) sets the loss mask of a response without EOS to all zeros: a row "
+        "without action tokens in every loss (docs/findings.md skyrl-4); the multi-turn SkyRLGymGenerator "
+        "(skyrl_train/generators/skyrl_gym_generator.py) builds `loss_mask_for_turn = [1] * "
+        "len(new_resp_tokens) + [0] * len(obs_ids_to_add)` per turn: the environment's observation "
+        "tokens are holes",
         "off_mask_outputs": "skyrl_train/utils/ppo_utils.py masked_whiten is verl's: it transforms every "
         "entry ((values - mean) * rsqrt(var + 1e-8)), and compute_gae_advantage_return ends with it, "
         "leaving masked-out advantages and returns non-zero; the losses read them only through "

@@ -147,6 +147,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "policy_loss_options": [],
         "masked_fill": "finite",
         "off_mask_outputs": ["rollout_correction"],
+        "edge_inputs": ["empty_rows", "holes"],
     }
 )
 """TRL 1.16's declared conventions (sources in CONVENTION_SOURCES)."""
@@ -166,6 +167,11 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "mask is applied",
         "correction_levels": "trl/trainer/grpo_trainer.py: vllm_importance_sampling_mode token_* or "
         "sequence_* (the product ratio exp(sum of log-ratios)); no geometric mean",
+        "edge_inputs": "trl/trainer/grpo_trainer.py GRPOTrainer._generate_and_score_completions: with "
+        "mask_truncated_completions=True a completion without EOS gets completion_mask all zero, a row "
+        "without action tokens in the loss (docs/findings-family.md trl116-f1); with tools, "
+        "GRPOTrainer._tool_call_loop sets tool_mask to 0 on each tool result and 1 on the tokens after it "
+        "(`tool_mask[idx_with_tool] += [0] * tool_length + [1] * post_tool_length`): holes in the loss mask",
         "off_mask_outputs": "trl/trainer/grpo_trainer.py: `per_token_logps_diff = (old_per_token_logps - "
         "sampling_per_token_logps) * mask` gives ratio 1 off the mask (the row's ratio at sequence level); "
         "_compute_loss multiplies the per-token loss by it and then masks the loss",

@@ -67,6 +67,7 @@ CONVENTIONS: Mapping[str, object] = MappingProxyType(
         ],
         "policy_loss_options": ["clip_eps_high", "dual_clip", "counts"],
         "masked_fill": "finite",
+        "edge_inputs": ["holes"],
         "call_context": "batch-token-count",
         "off_mask_outputs": ["gae", "masked_whiten"],
         **FAMILY_CONVENTIONS,
@@ -102,6 +103,10 @@ CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "clip_ratio_high (clip_eps_high), clip_ratio_c (dual_clip; always on, 3.0 unless given) and "
         "ActorConfig.global_batch_info (batch_num_tokens, global_batch_size, loss_scale_factor: the counts, "
         "as verl/workers/utils/losses.py ppo_loss fills them); compute_value_loss takes the same counts",
+        "edge_inputs": "verl/experimental/agent_loop/tool_agent_loop.py (multi-turn with tools) merges tool "
+        "responses into the response through verl/utils/tokenizer/continuous_token.py "
+        "align_response_metadata: 'context tokens get mask/logprob 0', the assistant tokens after them 1: "
+        "holes in response_mask",
         "masked_fill": "verl/workers/actor/dp_actor.py compute_log_prob and the critic's compute_values run "
         "forward passes over the padded responses (finite log-probs and values at pad tokens); "
         "token_level_rewards are 0 off the score (verl/trainer/ppo/ray_trainer.py apply_kl_penalty masks "

@@ -11,6 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor
 
+from ppo_ref.adapters.conventions import with_value_slot
+
 from . import strategies as cs
 from .support import (
     Context,
@@ -111,7 +113,10 @@ def test_value_loss_of_chunks_recombined_by_token_counts_is_the_whole(
     total, tokens = 0.0, 0
     for part in (slice(0, cut), slice(cut, rows)):
         chunk = {k: v[part] if isinstance(v, Tensor) else v for k, v in _value_kwargs(batch).items()}
-        count = int((chunk["mask"] != 0).sum())
+        trained = chunk["mask"] != 0
+        if ctx.conventions.value_after_last_action_token == "trained":
+            trained = with_value_slot(chunk["mask"])  # the declared value slot is averaged too
+        count = int(trained.sum())
         if count:
             total += float(as_tensor(call_impl(ctx, "value_loss", **chunk), "value_loss")) * count
             tokens += count

@@ -69,6 +69,12 @@ class TrainerConfig:
     """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1 = off)."""
     top_k: int = 0
     """Sample only among the top_k most probable tokens (0 = off)."""
+    sampler: Literal["dynamic", "static", "static-compiled"] = "dynamic"
+    """How the sampler feeds the policy's forwards: dynamic (a KV cache that grows each step), static
+    (one prefill per group of identical prompts, a preallocated cache and attention mask, finished
+    rows compacted out) or static-compiled (static with a torch.compile'd decode step; eager, with
+    one printed line, where compilation fails). The same tokens for the same seed; log-probs within
+    float rounding. static-compiled pays its compile time back only in long runs (README)."""
     forward_batch_size: int | None = None
     """Rows per no-grad forward pass in rollouts and evaluation (None = all at once)."""
 

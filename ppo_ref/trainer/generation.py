@@ -21,8 +21,10 @@ from transformers import PreTrainedModel
 from ppo_ref import entropy
 from ppo_ref.trainer.data import SequenceBatch, position_ids_from_mask
 from ppo_ref.trainer.models import call_model, output_cache, supports_logits_to_keep
+from ppo_ref.trainer.static_sampler import SAMPLERS, static_decode, static_supported
 
 __all__ = [
+    "SAMPLERS",
     "Generated",
     "SequenceBatch",
     "first_eos_mask",
@@ -127,6 +129,63 @@ def sampling_logprob(logits: Tensor, token: Tensor, temperature: float, top_k: i
     return logq.gather(-1, token.unsqueeze(-1)).squeeze(-1)
 
 
+def _dynamic_decode(
+    model: Any,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    uniforms: Tensor,
+    sample: Callable[[Tensor, Tensor], Tensor],
+    *,
+    eos_id: int,
+    pad_id: int,
+    all_ended: Callable[[bool], bool] | None,
+    keep_logits: bool,
+    compile_step: bool = False,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The default loop: a cache that grows by one column per step (``compile_step`` unused)."""
+    batch, steps = uniforms.shape
+    tokens: list[Tensor] = []
+    step_logits: list[Tensor] = []  # (B, V) each, kept only for the log-probs and entropies
+    attention_mask = prompt_mask.long()
+    position_ids = position_ids_from_mask(attention_mask)
+    next_position = position_ids[:, -1:] + 1
+    extra = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
+    output = call_model(
+        model,
+        input_ids=prompt_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=True,
+        **extra,
+    )
+    finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
+    pad = torch.full((batch,), pad_id, dtype=torch.long, device=prompt_ids.device)
+    one = torch.ones(batch, 1, dtype=torch.long, device=prompt_ids.device)
+    for step in range(steps):
+        logits = output.logits[:, -1]
+        if keep_logits:
+            step_logits.append(logits)
+        token = torch.where(finished, pad, sample(logits, uniforms[:, step]))
+        tokens.append(token)
+        finished = finished | (token == eos_id)
+        done = bool(finished.all())
+        if all_ended is not None:
+            done = all_ended(done)
+        if step == steps - 1 or done:
+            break
+        attention_mask = torch.cat([attention_mask, one], dim=1)
+        output = call_model(
+            model,
+            input_ids=token.unsqueeze(1),
+            attention_mask=attention_mask,
+            position_ids=next_position,
+            cache=output_cache(output),
+            use_cache=True,
+        )
+        next_position = next_position + 1
+    return tokens, step_logits
+
+
 @torch.no_grad()
 def generate(
     model: PreTrainedModel | Callable[..., Any],
@@ -143,6 +202,7 @@ def generate(
     return_logprobs: bool = False,
     return_entropy: bool = False,
     inference_mode: bool = True,
+    sampler: str = "dynamic",
 ) -> Generated:
     """Sample up to ``uniforms.shape[1]`` tokens per left-padded prompt, stopping each row at its first EOS.
 
@@ -159,56 +219,42 @@ def generate(
     kept step logits, 0 after the first EOS. The loop runs under ``torch.inference_mode`` (the
     same kernels, less dispatch work per step) unless ``inference_mode=False`` (parameters
     sharded over processes, whose gathering must not run in inference mode); every returned
-    tensor is an ordinary one.
+    tensor is an ordinary one. ``sampler`` (one of ``SAMPLERS``) picks how the forwards are fed:
+    ``"dynamic"`` (a cache that grows each step), ``"static"`` or ``"static-compiled"`` (one
+    prefill per group of identical consecutive prompts, a preallocated cache and mask, see
+    :mod:`ppo_ref.trainer.static_sampler`); the draws, checks and results are the same.
     """
-    batch, steps = uniforms.shape
+    if sampler not in SAMPLERS:
+        raise ValueError(f"sampler: expected one of {', '.join(SAMPLERS)}, got {sampler!r}")
+    steps = uniforms.shape[1]
     if steps < 1:
         raise ValueError(f"uniforms: expected at least one column (max_new_tokens >= 1), got {steps}")
     if not bool(prompt_mask[:, -1].all()):
         raise ValueError("prompt_mask: expected left-padded prompts (the last column real in every row)")
-    tokens: list[Tensor] = []
-    step_logits: list[Tensor] = []  # (B, V) each, kept only for the log-probs and entropies
     keep_logits = return_logprobs or return_entropy
+    static = sampler != "dynamic" and static_supported(model)
+    if sampler != "dynamic" and not static:
+        print(f"sampler: {sampler!r} needs a transformers model with a cache argument; sampling dynamically")
+    elif sampler == "static-compiled" and not inference_mode:
+        print("sampler: no compiled step with sharded parameters (their gathering); decoding eagerly")
+
+    def draw(logits: Tensor, noise: Tensor) -> Tensor:
+        return sample_from_logits(logits, noise, temperature, top_k, top_p)
+
     with torch.inference_mode(inference_mode):
-        attention_mask = prompt_mask.long()
-        position_ids = position_ids_from_mask(attention_mask)
-        next_position = position_ids[:, -1:] + 1
-        extra = {"logits_to_keep": 1} if supports_logits_to_keep(model) else {}
-        output = call_model(
+        decode = static_decode if static else _dynamic_decode
+        tokens, step_logits = decode(
             model,
-            input_ids=prompt_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            **extra,
+            prompt_ids,
+            prompt_mask,
+            uniforms,
+            draw,
+            eos_id=eos_id,
+            pad_id=pad_id,
+            all_ended=all_ended,
+            keep_logits=keep_logits,
+            compile_step=sampler == "static-compiled" and inference_mode,
         )
-        finished = torch.zeros(batch, dtype=torch.bool, device=prompt_ids.device)
-        pad = torch.full((batch,), pad_id, dtype=torch.long, device=prompt_ids.device)
-        one = torch.ones(batch, 1, dtype=torch.long, device=prompt_ids.device)
-        for step in range(steps):
-            logits = output.logits[:, -1]
-            if keep_logits:
-                step_logits.append(logits)
-            token = torch.where(
-                finished, pad, sample_from_logits(logits, uniforms[:, step], temperature, top_k, top_p)
-            )
-            tokens.append(token)
-            finished = finished | (token == eos_id)
-            done = bool(finished.all())
-            if all_ended is not None:
-                done = all_ended(done)
-            if step == steps - 1 or done:
-                break
-            attention_mask = torch.cat([attention_mask, one], dim=1)
-            output = call_model(
-                model,
-                input_ids=token.unsqueeze(1),
-                attention_mask=attention_mask,
-                position_ids=next_position,
-                cache=output_cache(output),
-                use_cache=True,
-            )
-            next_position = next_position + 1
     # Outside inference mode: ordinary tensors, which later forwards with gradients may save.
     response_ids = torch.stack(tokens, dim=1)
     response_mask, ended = first_eos_mask(response_ids, eos_id)

@@ -251,6 +251,7 @@ def _generate(
             return_logprobs=with_logprobs,
             return_entropy=with_entropy,
             inference_mode=not state.parallel.sharded_parameters,
+            sampler=config.sampler,
         ),
     )
     width = max(p.response_ids.shape[1] for p in pieces)

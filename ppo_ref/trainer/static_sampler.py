@@ -15,8 +15,9 @@ same returned tensors; only how the model's forward is fed differs:
 - optionally (``compile_step=True``) the decode step is ``torch.compile``d; where compilation is
   unavailable one line is printed and the step runs eagerly.
 
-A model whose cache this mode cannot preallocate (no ``config``, or a forward without a ``cache``
-or ``past_key_values`` argument) falls back to the dynamic sampler with one printed line.
+A model whose cache this mode cannot preallocate (no ``config``, a forward without a ``cache``
+or ``past_key_values`` argument, or a layer that is not full attention) falls back to the dynamic
+sampler with one printed line.
 """
 
 from __future__ import annotations
@@ -53,13 +54,24 @@ def _config_of(model: Any) -> Any:
 
 
 def static_supported(model: Any) -> bool:
-    """Whether ``model`` (or the ``module`` it wraps) has a transformers config and a cache argument."""
+    """Whether ``model`` (or the ``module`` it wraps) has a transformers config, a cache argument and
+    only full-attention layers (what the prefilled cache is copied into)."""
     from ppo_ref.trainer.models import _forward_parameters
 
-    if _config_of(model) is None:
+    config = _config_of(model)
+    if config is None:
         return False
     parameters = _forward_parameters(model)
-    return "cache" in parameters or "past_key_values" in parameters
+    if "cache" not in parameters and "past_key_values" not in parameters:
+        return False
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    try:  # full-attention layers only: a sliding-window or linear-attention layer is not filled so
+        layers = StaticCache(config=config, max_cache_len=1).layers
+    except (TypeError, ValueError, AttributeError, KeyError):
+        return False
+    return all(type(layer) is StaticLayer for layer in layers)
 
 
 def group_runs(prompt_ids: Tensor, prompt_mask: Tensor) -> Tensor:

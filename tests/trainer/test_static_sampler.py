@@ -166,3 +166,24 @@ def test_compiled_mode_passes_the_step_0_check_and_the_token_test() -> None:
     assert differing <= 0.01 * compared
     counts = torch.bincount(torch.cat(first_dynamic), minlength=32)
     assert torch.equal(counts, torch.bincount(torch.cat(first_compiled), minlength=32))
+
+
+def test_a_sliding_window_model_falls_back_to_the_dynamic_sampler(capsys: pytest.CaptureFixture[str]) -> None:
+    config = tiny_config(
+        "qwen2",
+        8,
+        pad_id=PAD,
+        eos_id=EOS,
+        bos_id=2,
+        use_sliding_window=True,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention"],
+    )
+    model = tiny_model(config, 0).eval()
+    ids, mask = _prompts(2, 0, 8)
+    uniforms = torch.rand(ids.shape[0], 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    static = generate(model, ids, mask, uniforms, eos_id=EOS, pad_id=PAD, sampler="static")
+    assert "sampling dynamically" in capsys.readouterr().out
+    assert torch.equal(
+        static.response_ids, generate(model, ids, mask, uniforms, eos_id=EOS, pad_id=PAD).response_ids
+    )

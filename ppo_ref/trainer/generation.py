@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from ppo_ref import entropy
 from ppo_ref.trainer.data import SequenceBatch, position_ids_from_mask
 from ppo_ref.trainer.models import call_model, output_cache, supports_logits_to_keep
-from ppo_ref.trainer.static_sampler import SAMPLERS, static_decode, static_supported
+from ppo_ref.trainer.static_sampler import SAMPLERS, draw_step, static_decode, static_supported
 
 __all__ = [
     "SAMPLERS",
@@ -165,12 +165,8 @@ def _dynamic_decode(
         logits = output.logits[:, -1]
         if keep_logits:
             step_logits.append(logits)
-        token = torch.where(finished, pad, sample(logits, uniforms[:, step]))
+        token, finished, done = draw_step(sample, logits, uniforms[:, step], finished, pad, eos_id, all_ended)
         tokens.append(token)
-        finished = finished | (token == eos_id)
-        done = bool(finished.all())
-        if all_ended is not None:
-            done = all_ended(done)
         if step == steps - 1 or done:
             break
         attention_mask = torch.cat([attention_mask, one], dim=1)

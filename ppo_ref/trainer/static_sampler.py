@@ -140,6 +140,24 @@ def _expanded_static_cache(model: Any, prefill_cache: Any, runs: Tensor, max_len
     return cache
 
 
+def draw_step(
+    sample: Callable[[Tensor, Tensor], Tensor],
+    logits: Tensor,
+    uniforms: Tensor,
+    finished: Tensor,
+    pad: Tensor,
+    eos_id: int,
+    all_ended: Callable[[bool], bool] | None,
+) -> tuple[Tensor, Tensor, bool]:
+    """One step of either decode loop: the token of every row (``pad`` for a row already finished),
+    the rows finished after it (EOS), and whether every row has ended (``all_ended`` agrees it
+    across processes)."""
+    token = torch.where(finished, pad, sample(logits, uniforms))
+    finished = finished | (token == eos_id)
+    done = bool(finished.all())
+    return token, finished, all_ended(done) if all_ended is not None else done
+
+
 def _compact(cache: Any, keep: Tensor) -> None:
     for layer in cache.layers:
         layer.keys = layer.keys.index_select(0, keep)
@@ -205,12 +223,8 @@ def static_decode(
             full = logits.new_zeros((batch, logits.shape[-1])).index_copy(0, active, logits)
         if keep_logits:
             step_logits.append(full)
-        token = torch.where(finished, pad, sample(full, uniforms[:, step]))
+        token, finished, done = draw_step(sample, full, uniforms[:, step], finished, pad, eos_id, all_ended)
         tokens.append(token)
-        finished = finished | (token == eos_id)
-        done = bool(finished.all())
-        if all_ended is not None:
-            done = all_ended(done)
         if step == steps - 1 or done:
             break
         running = ~finished[active]

@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from . import strategies as cs
-from .support import Context, assert_close, call_both, examples, grad_of, note_repro, rerunning
-from .test_invariances import OPS, _compare, _outputs, _whitening_scale
+from .support import Context, assert_close, call_both, examples, note_repro, rerunning
+from .test_invariances import OPS, _compare, _outputs, _whitening_scale, outputs_and_grad
 
 
 def _param(op: str, clause: str) -> Any:
@@ -51,15 +51,12 @@ def _both(ctx: Context, op: str, kwargs: dict[str, Any]) -> tuple[dict[str, Tens
     wrt = OPS[op].grad_wrt
     results = []
     for function in (ctx.op(op), getattr(ctx.variant, op)):
-        fresh = {k: v.detach().clone() if isinstance(v, Tensor) else v for k, v in kwargs.items()}
-        if wrt is not None:
-            fresh[wrt] = fresh[wrt].requires_grad_(True)
-        outputs = _outputs(op, function(**fresh))
-        if wrt is not None:
-            scalar = outputs["loss"] if "loss" in outputs else outputs["out"].sum()
-            leaf = fresh[wrt]
-            outputs["grad"] = grad_of(scalar, leaf, op) if scalar.requires_grad else torch.zeros_like(leaf)
-        results.append(outputs)
+        if wrt is None:
+            fresh = {k: v.detach().clone() if isinstance(v, Tensor) else v for k, v in kwargs.items()}
+            results.append(_outputs(op, function(**fresh)))
+        else:
+            outputs, grad = outputs_and_grad(function, op, kwargs, wrt)
+            results.append({**outputs, "grad": grad})
     return results[0], results[1]
 
 

@@ -143,19 +143,27 @@ def _outputs(op: str, result: Any) -> dict[str, Tensor]:
     return {"out": as_tensor(result, op)}
 
 
+def outputs_and_grad(
+    function: Callable[..., Any], op: str, kwargs: dict[str, Any], wrt: str
+) -> tuple[dict[str, Tensor], Tensor]:
+    """``function``'s outputs on fresh copies of ``kwargs`` and the gradient of its loss (or of its
+    output's sum) in ``kwargs[wrt]`` (zeros when nothing is differentiable)."""
+    leaf = kwargs[wrt].detach().clone().requires_grad_(True)
+    result = function(
+        **{**{k: v.clone() if isinstance(v, Tensor) else v for k, v in kwargs.items()}, wrt: leaf}
+    )
+    outputs = _outputs(op, result)
+    scalar = outputs["loss"] if "loss" in outputs else outputs["out"].sum()
+    return outputs, grad_of(scalar, leaf, f"{op} output") if scalar.requires_grad else torch.zeros_like(leaf)
+
+
 def _run(
     ctx: Context, op: str, kwargs: dict[str, Any], wrt: str | None
 ) -> tuple[dict[str, Tensor], Tensor | None]:
     note_repro(ctx, op, **kwargs)
     if wrt is None:
         return _outputs(op, call_impl(ctx, op, **kwargs)), None
-    leaf = kwargs[wrt].detach().clone().requires_grad_(True)
-    result = ctx.op(op)(
-        **{**{k: v.clone() if isinstance(v, Tensor) else v for k, v in kwargs.items()}, wrt: leaf}
-    )
-    outputs = _outputs(op, result)
-    scalar = outputs["loss"] if "loss" in outputs else outputs["out"].sum()
-    return outputs, grad_of(scalar, leaf, f"{op} output") if scalar.requires_grad else torch.zeros_like(leaf)
+    return outputs_and_grad(ctx.op(op), op, kwargs, wrt)
 
 
 def _compare(

@@ -157,6 +157,9 @@ RECIPES: dict[str, Recipe] = {
                     "cachetools==8.0.2",
                     "fastapi==0.165.0",
                     "uvicorn==0.54.0",
+                    # verl.experimental.reward_loop (RewardLoopManager and its reward managers:
+                    # the reward path verl 0.9.1's trainer uses) imports aiohttp at top level.
+                    "aiohttp==3.14.5",
                 ),
             ),
             imports=(
@@ -164,6 +167,8 @@ RECIPES: dict[str, Recipe] = {
                 "verl.trainer.ppo.core_algos",
                 "verl.utils.torch_functional",
                 "verl.trainer.ppo.ray_trainer",
+                "verl.experimental.reward_loop",
+                "verl.experimental.reward_loop.reward_manager.dapo",
             ),
             report=("verl", "tensordict", "omegaconf", "ray", "codetiming", *HF_STACK_REPORT),
         ),

@@ -224,8 +224,34 @@ RECIPES: dict[str, Recipe] = {
                 # ppo_utils imports ray, jaxtyping, loguru and omegaconf at top level;
                 # ray 2.51.1 as declared (an import skyrl uses is gone in ray 2.60).
                 ("jaxtyping==0.3.11", "loguru==0.7.3", "omegaconf==2.3.1", "ray==2.51.1"),
+                # What the training path imports at top level (the worker's forward_backward, the
+                # generators' utils, the trainer's batch): the declared dependencies that install
+                # without CUDA (not flash-attn, vllm, deepspeed); transformers inside ppo-ref's
+                # range; skyrl-gym 0.2.0, the first release with skyrl_gym.metrics, which 0.3.1's
+                # generators import (0.1.1, the release current at 0.3.1's, lacks it).
+                (
+                    "tqdm==4.70.1",
+                    "transformers==5.24.0",
+                    "hydra-core==1.3.2",
+                    "accelerate==1.16.0",
+                    "peft==0.21.2",
+                    "datasets==4.0.0",
+                    "tensordict==0.15.3",
+                    "torchdata==0.11.0",
+                    "func_timeout==4.3.5",
+                    "fastapi==0.165.0",
+                    "uvicorn==0.55.0",
+                    "skyrl-gym==0.2.0",
+                ),
             ),
-            imports=("skyrl_train", "skyrl_train.utils.ppo_utils"),
+            imports=(
+                "skyrl_train",
+                "skyrl_train.utils.ppo_utils",
+                "skyrl_train.workers.worker",
+                "skyrl_train.generators.utils",
+                "skyrl_train.generators.skyrl_gym_generator",
+                "skyrl_train.training_batch",
+            ),
             report=("skyrl-train", "jaxtyping", "loguru", "ray", *HF_STACK_REPORT),
         ),
     ]

@@ -14,7 +14,9 @@ A tiny Qwen2 is built from a config; FSDP2 over a gloo group of one, fp32; SGD.
 
 Trigger: ``actor.use_kl_loss: true`` with its default ``kl_loss_type: low_var_kl`` (the GRPO examples'
 setting), two tokens 3 nats below the reference. Also runs the same setting with every token 0.3 nats
-below (no clamp: equal) and verl's default ``use_kl_loss: false`` (no KL term: nothing to clamp).
+below (no clamp: equal), the workaround ``kl_loss_type: low_var_kl+`` (value still clamped, gradient
+k2's, checked against d/dtheta of 0.5 (logp - ref)^2) and verl's default ``use_kl_loss: false`` (no KL
+term: nothing to clamp).
 All scores are equal, so GRPO's advantages are 0 and the whole gradient is the KL term's.
 
 Expected: the gradient of kl_loss_coef * (1/N) sum_t [exp(ref_t - logp_t) - (ref_t - logp_t) - 1]
@@ -340,7 +342,7 @@ def actor_update(path, actor_settings, ref_shift):
     return grads, metrics, data
 
 
-def expected_gradient(path, data):
+def expected_gradient(path, data, k2_backward=False):
     """The gradient of kl_loss_coef * token-mean_t k3_t, k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1
     (Schulman's k3, unclamped; spec KLL-1), on a plain transformers copy of the same weights, each row
     run unpadded (positions 0..L-1)."""
@@ -357,6 +359,8 @@ def expected_gradient(path, data):
         ref = data.batch["ref_log_prob"][i, : len(response)].double()
         diff = ref - logp.double()
         k3 = torch.exp(diff) - diff - 1
+        if k2_backward:  # low_var_kl+: k3's value, k2's gradient 0.5 * (logp - ref)^2
+            k3 = 0.5 * diff.square() + (k3 - 0.5 * diff.square()).detach()
         total = total + COEF * k3.sum() / n_tokens
         k3_sum += float(k3.sum())
         d_logp.append((1 - torch.exp(diff.detach())) / n_tokens)
@@ -364,9 +368,9 @@ def expected_gradient(path, data):
     return {n: p.grad.double() for n, p in model.named_parameters()}, k3_sum / n_tokens, d_logp
 
 
-def compare(label, path, settings, shift):
+def compare(label, path, settings, shift, k2_backward=False):
     grads, metrics, data = actor_update(path, settings, shift)
-    want, k3_mean, _ = expected_gradient(path, data)
+    want, k3_mean, _ = expected_gradient(path, data, k2_backward)
     num = sum(float((grads[n] - want[n]).square().sum()) for n in want) ** 0.5
     den = sum(float(want[n].square().sum()) for n in want) ** 0.5
     logged = metrics.get("actor/kl_loss")
@@ -397,6 +401,14 @@ def main():
             path,
             settings,
             torch.full((4, 6), 0.3),
+        )
+        compare(
+            "workaround kl_loss_type low_var_kl+ (its backward is k2's: "
+            "expected gradient of 0.5 (logp - ref)^2)",
+            path,
+            {**settings, "kl_loss_type": "low_var_kl+"},
+            shift,
+            k2_backward=True,
         )
         _, metrics, _ = actor_update(path, {}, shift)
         print(

@@ -33,7 +33,7 @@ two wrappers around ``logprobs_from_logits``/``entropy_from_logits`` only record
 
 from __future__ import annotations
 
-# ---- harness: verl's own trainer code on the CPU (inlined; imports no ppo_ref) ----
+# ---- harness: verl's own trainer code on the CPU (inlined: nothing of this repository is imported) ----
 import importlib
 import os
 import socket

@@ -35,7 +35,7 @@ where ``_compute_ref_log_prob`` (a second engine's forward) would put them. None
 
 from __future__ import annotations
 
-# ---- harness: verl's own trainer code on the CPU (inlined; imports no ppo_ref) ----
+# ---- harness: verl's own trainer code on the CPU (inlined: nothing of this repository is imported) ----
 import importlib
 import os
 import socket

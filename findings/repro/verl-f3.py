@@ -35,7 +35,7 @@ TrainingWorker's methods on an instance built without Ray. None changes the loss
 
 from __future__ import annotations
 
-# ---- harness: verl's own trainer code on the CPU (inlined; imports no ppo_ref) ----
+# ---- harness: verl's own trainer code on the CPU (inlined: nothing of this repository is imported) ----
 import importlib
 import os
 import socket

@@ -1,19 +1,27 @@
-"""skyrl-2 (trainer-path, default settings): the KL loss adds no gradient.
+"""skyrl-2 / skyrl-f1 (trainer-path, skyrl-train 0.3.1 defaults): the KL loss adds no gradient.
 
-Run from the repository root: ``.envs/skyrl/bin/python findings/repro/skyrl-2.py``.
+Run from the repository root: ``.envs/skyrl/bin/python findings/repro/skyrl-2.py``
+(standalone: ``pip install skyrl-train==0.3.1 torch``; imports only torch, omegaconf and skyrl_train).
 
-Drives skyrl-train 0.3.1's own ``PolicyWorkerBase.forward_backward`` (the worker's micro-batch
-forward and backward) with the defaults of its ``ppo_base_config.yaml`` (``use_kl_loss: true``,
-``kl_loss_coef: 0.001``, ``kl_estimator_type: k3``). Ray, the distributed strategy and the model are
-replaced by stand-ins: the "model" returns the log-probs of one trainable logit vector, the strategy's
-``backward`` is ``loss.backward()``. The worker computes the KL term with ``compute_approx_kl``, which
-is decorated ``@torch.no_grad()``, so the term is a constant: the gradient with the default
-``kl_loss_coef`` equals the gradient with ``kl_loss_coef = 0``; the expected gradient adds
-``kl_loss_coef * d KL_k3 / d logp``.
+Drives skyrl-train 0.3.1's own ``PolicyWorkerBase.ppo_train`` -> ``forward_backward`` (worker.py:625)
+on one mini-batch with the defaults of its ``ppo_base_config.yaml``: ``use_kl_loss: true``,
+``kl_loss_coef: 0.001``, ``kl_estimator_type: k3``, ``policy_loss_type: regular``,
+``loss_reduction: token_mean``, ``micro_train_batch_size_per_gpu: 1``. The mini-batch is one response of
+3 tokens (``policy_mini_batch_size: 1``, ``n_samples_per_prompt: 1``), on-policy, with advantages 0 so
+that only the KL term can move the policy. The worker computes the KL term with ``compute_approx_kl``
+(worker.py:680), which is decorated ``@torch.no_grad()`` (ppo_utils.py:91): the term is a constant.
+
+Expected (k3 = exp(r - l) - (r - l) - 1 per token, token-mean over the row's 3 tokens):
+d loss / d logp_t = kl_loss_coef * (1 - exp(ref_t - logp_t)) / 3. Got: the gradient with the default
+``kl_loss_coef`` equals the gradient with ``kl_loss_coef: 0`` (all zero). The default is the triggering
+setting; the script also runs ``use_kl_loss: false`` (no KL term: gradient 0 expected and got).
+Exit 1 when the KL gradient is missing, 0 when it is there (SkyRL PR #1353, in skyrl 0.4.0).
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
 import pathlib
 import sys
 import types
@@ -23,68 +31,158 @@ import skyrl_train
 import torch
 from omegaconf import OmegaConf
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-import _skyrl_stubs
+# ---- stand-ins (inlined) for imports an environment may lack ----
+# skyrl-train 0.3.1 declares these, and ``skyrl_train.workers.worker``'s import chain (tqdm: worker.py;
+# transformers: distributed/fsdp_strategy.py; datasets: dataset/dataset.py; fastapi, uvicorn, pydantic:
+# inference_engines/inference_engine_client_http_endpoint.py) imports them at top level, but the code driven
+# here calls none of them except tqdm's iteration (a pass-through progress bar below). An environment with
+# only skyrl-train's core (``pip install --no-deps skyrl-train``) lacks them; a finder at the END of
+# sys.meta_path stands in for a missing one only: an installed module always wins.
 
-_skyrl_stubs.install()  # the worker module imports tqdm, transformers, ... at top level
+STUBBED = ("tqdm", "transformers", "datasets", "fastapi", "uvicorn", "pydantic")
 
+
+class _Bar:  # tqdm(iterable, desc=..., disable=...): iterate, accept set_postfix
+    def __init__(self, iterable: Any = (), *args: Any, **kwargs: Any) -> None:
+        self.iterable = iterable
+
+    def __iter__(self) -> Any:
+        return iter(self.iterable)
+
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class _Missing(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name.split(".")[0] in STUBBED:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> Any:
+        module = types.ModuleType(spec.name)
+        module.__path__ = []  # type: ignore[attr-defined]
+        module.__getattr__ = lambda attr: _Bar if attr == "tqdm" else type(attr, (), {})  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        return None
+
+
+sys.meta_path.append(_Missing())
+
+from skyrl_train.training_batch import TrainingInputBatch  # noqa: E402
 from skyrl_train.utils.ppo_utils import PolicyLossRegistry  # noqa: E402
 from skyrl_train.workers.worker import PolicyWorkerBase  # noqa: E402
 
 CONFIG = pathlib.Path(skyrl_train.__file__).parent / "config" / "ppo_base_config.yaml"
 
 
-def gradient(kl_loss_coef: float | None) -> tuple[torch.Tensor, dict[str, Any]]:
+def load_config(**overrides: Any) -> Any:
+    """ppo_base_config.yaml with ``overrides`` (dotted keys), plus what skyrl's ``validate_cfg`` adds
+    before the workers start (``utils/utils.py:278``: ``max_seq_len``)."""
     cfg = OmegaConf.load(CONFIG)
-    cfg.trainer.algorithm.max_seq_len = None  # filled in by skyrl's config validation; unused by token_mean
-    if kl_loss_coef is not None:
-        cfg.trainer.algorithm.kl_loss_coef = kl_loss_coef
-    logp = torch.nn.Parameter(torch.tensor([[-0.5, -1.0, -2.0]]))  # the policy's action log-probs
-
-    def model(sequences: Any, num_actions: int, **kwargs: Any) -> tuple[torch.Tensor, dict[str, Any]]:
-        return logp * 1.0, {"entropy": torch.zeros(1, sequences.shape[1])}
-
-    model.train = lambda: None  # type: ignore[attr-defined]
-    experience = types.SimpleNamespace(
-        sequences=torch.zeros(1, 5, dtype=torch.long),
-        action_log_probs=logp.detach().clone(),  # on-policy: ratio 1
-        base_action_log_probs=torch.tensor([[-1.0, -0.7, -2.5]]),  # the reference
-        advantages=torch.zeros(1, 3),  # no policy-gradient signal: only the KL term can move logp
-        num_actions=3,
-        attention_mask=torch.ones(1, 5, dtype=torch.long),
-        loss_mask=torch.ones(1, 3),
-        rollout_logprobs=None,
-        to_device=lambda device: None,
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
+    cfg.trainer.algorithm.max_seq_len = (
+        cfg.generator.max_input_length + cfg.generator.sampling_params.max_generate_length
     )
+    return cfg
+
+
+def ppo_train(cfg: Any, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """Run skyrl-train's own ``PolicyWorkerBase.ppo_train`` (its BatchIterator, ``forward_backward`` per
+    micro-batch, ``optim_step`` every ``accumulation_steps``) on one mini-batch. Stand-ins for what a CPU
+    process without Ray/FSDP lacks: the "model" returns one trainable log-prob per response token (so
+    the gradient is d loss / d logp), the strategy's ``backward`` is ``loss.backward()`` and its
+    ``optimizer_step`` records the accumulated gradient, DP size 1. Returns the gradient at each
+    optimizer step and the worker's logged status."""
+    # the policy's log-probs now: the old ``action_log_probs`` (on-policy) unless ``policy_log_probs``
+    logp = torch.nn.Parameter(batch.get("policy_log_probs", batch["action_log_probs"]).clone())
+    n, a = logp.shape
+
+    def model(sequences: torch.Tensor, num_actions: int, **kwargs: Any) -> Any:
+        rows = sequences[:, 0]  # the stand-in reads which responses this micro-batch holds
+        return logp[rows] * 1.0, {"entropy": torch.zeros(sequences.shape)}
+
+    model.train = model.eval = lambda: None  # type: ignore[attr-defined]
+    grads: list[torch.Tensor] = []
+
+    def optimizer_step(optimizer: Any, model: Any, scheduler: Any, name: str) -> None:
+        grads.append(logp.grad.clone() if logp.grad is not None else torch.zeros_like(logp))
+        logp.grad = None
+        return None
+
     worker = types.SimpleNamespace(
         cfg=cfg,
         model=model,
-        policy_loss_fn=PolicyLossRegistry.get(cfg.trainer.algorithm.policy_loss_type),
-        strategy=types.SimpleNamespace(backward=lambda loss, model, optimizer: loss.backward()),
         optimizer=None,
+        scheduler=types.SimpleNamespace(get_last_lr=lambda: [0.0]),
+        strategy=types.SimpleNamespace(
+            backward=lambda loss, model, optimizer: loss.backward(),
+            optimizer_step=optimizer_step,
+            is_rank_0=lambda: True,
+            all_reduce=lambda status: status,
+        ),
+        policy_loss_fn=PolicyLossRegistry.get(cfg.trainer.algorithm.policy_loss_type),
+        record_memory=False,
+        # as PolicyWorkerBase's init computes it (worker.py:621), DP size 1
+        policy_mini_batch_size_per_gpu=cfg.trainer.policy_mini_batch_size
+        * cfg.generator.n_samples_per_prompt,
     )
+    worker.forward_backward = lambda exp, steps: PolicyWorkerBase.forward_backward(worker, exp, steps)
+    worker.optim_step = lambda: PolicyWorkerBase.optim_step(worker)
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]  # CPU stand-in
-    status = PolicyWorkerBase.forward_backward(worker, experience, accumulation_steps=1)
-    assert logp.grad is not None
-    return logp.grad.clone(), status
+    torch.distributed.barrier = lambda *args, **kwargs: None  # type: ignore[assignment]  # one process
+    sequences = torch.cat([torch.arange(n)[:, None], torch.zeros(n, a + 1, dtype=torch.long)], dim=1)
+    data = TrainingInputBatch(
+        {
+            "sequences": sequences,
+            "attention_mask": torch.ones_like(sequences),
+            "action_log_probs": batch["action_log_probs"],
+            "base_action_log_probs": batch.get("base_action_log_probs", batch["action_log_probs"]),
+            "values": None,
+            "returns": None,
+            "advantages": batch["advantages"],
+            "loss_mask": batch["loss_mask"],
+            "response_mask": batch.get("response_mask", torch.ones(n, a)),
+        }
+    )
+    data.metadata = {"global_step": 1, "response_length": a}
+    out = PolicyWorkerBase.ppo_train(worker, data)
+    return grads, out.metadata["train_status"]
 
 
 def main() -> None:
-    cfg = OmegaConf.load(CONFIG).trainer.algorithm
-    print(
-        f"defaults: use_kl_loss={cfg.use_kl_loss}, kl_loss_coef={cfg.kl_loss_coef}, "
-        f"kl_estimator_type={cfg.kl_estimator_type}"
-    )
-    got, status = gradient(None)
-    without, _ = gradient(0.0)
     logp = torch.tensor([[-0.5, -1.0, -2.0]])
     ref = torch.tensor([[-1.0, -0.7, -2.5]])
-    # k3 = exp(ref - logp) - (ref - logp) - 1; d k3 / d logp = 1 - exp(ref - logp); token-mean over 3
-    expected = cfg.kl_loss_coef * (1 - torch.exp(ref - logp)) / 3
-    print(f"policy_kl logged by the worker: {status['policy_kl']:.6f}")
-    print(f"d loss / d logp with the default kl_loss_coef: {got.tolist()}")
-    print(f"d loss / d logp with kl_loss_coef = 0:         {without.tolist()}")
-    print(f"expected with the default kl_loss_coef:        {expected.tolist()}")
+    batch = {
+        "action_log_probs": logp,
+        "base_action_log_probs": ref,
+        "advantages": torch.zeros(1, 3),  # no policy-gradient signal: only the KL term can move logp
+        "loss_mask": torch.ones(1, 3),
+    }
+    size = {"trainer.policy_mini_batch_size": 1, "generator.n_samples_per_prompt": 1}
+    cfg = load_config(**size)
+    alg = cfg.trainer.algorithm
+    print(
+        f"defaults: use_kl_loss={alg.use_kl_loss}, kl_loss_coef={alg.kl_loss_coef}, "
+        f"kl_estimator_type={alg.kl_estimator_type}, loss_reduction={alg.loss_reduction}, "
+        f"micro_train_batch_size_per_gpu={cfg.trainer.micro_train_batch_size_per_gpu}"
+    )
+    (got,), status = ppo_train(cfg, batch)
+    (without,), _ = ppo_train(load_config(**size, **{"trainer.algorithm.kl_loss_coef": 0.0}), batch)
+    (off,), _ = ppo_train(load_config(**size, **{"trainer.algorithm.use_kl_loss": False}), batch)
+    expected = alg.kl_loss_coef * (1 - torch.exp(ref - logp)) / 3
+    kl = (torch.exp(ref - logp) - (ref - logp) - 1).mean()
+    print(f"policy_kl logged by the worker: got {status['policy_kl']:.6f} expected {kl.item():.6f}")
+    print(f"defaults: d loss / d logp expected {[round(x, 7) for x in expected[0].tolist()]}")
+    print(f"          got                      {[round(x, 7) for x in got[0].tolist()]}")
+    print(f"kl_loss_coef = 0:      got {[round(x, 7) for x in without[0].tolist()]}")
+    print(f"use_kl_loss = false:   expected [0.0, 0.0, 0.0] got {[round(x, 7) for x in off[0].tolist()]}")
+    wrong = not torch.allclose(got, expected, rtol=1e-4, atol=1e-9)
+    print("KL gradient missing (skyrl-2 reproduces)" if wrong else "KL gradient present (fixed)")
+    sys.exit(1 if wrong else 0)
 
 
 if __name__ == "__main__":

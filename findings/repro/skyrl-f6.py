@@ -1,29 +1,179 @@
-"""skyrl-f6 (metrics-only: ``trainer.algorithm.policy_loss_type: gspo``).
+"""skyrl-f6 (metrics-only: ``policy_loss_type: gspo`` with ``micro_train_batch_size_per_gpu`` > 1): the
+logged ``ppo_clip_ratio`` is a share of tokens, not of sequences.
 
-Run from the repository root: ``.envs/skyrl/bin/python findings/repro/skyrl-f6.py``.
+Run from the repository root: ``.envs/skyrl/bin/python findings/repro/skyrl-f6.py``
+(standalone: ``pip install skyrl-train==0.3.1 torch``; imports only torch, omegaconf and skyrl_train).
 
-``gspo_policy_loss`` (registered ``gspo``, called by the policy worker, logged as ``ppo_clip_ratio``)
-returns the share of *tokens* on the flat branch. GSPO clips whole sequences (spec GSPO-3: the share
-of sequences). Two sequences, the long one clipped: expected 0.5.
+Drives skyrl-train 0.3.1's own ``PolicyWorkerBase.ppo_train`` -> ``forward_backward`` -> the registered
+``gspo`` loss (``gspo_policy_loss``), whose clip ratio is ``masked_mean(is_clipped, loss_mask)`` over the
+micro-batch's tokens (ppo_utils.py:718), logged as ``ppo_clip_ratio`` and averaged over micro-batches
+(``reduce_metrics``). GSPO clips whole sequences (one ratio per sequence), so the share to report is the
+share of sequences. One mini-batch of two responses (4 tokens, clipped: s = e^0.5 > 1.2; 1 token, not
+clipped), ``loss_reduction: sequence_mean``, eps 0.2 (defaults).
+
+Expected: 0.5 (one of two sequences). Got with micro-batches of 2: 0.8 (4 of 5 tokens). At the default
+``micro_train_batch_size_per_gpu: 1`` each micro-batch holds one sequence, whose tokens are all clipped or
+none, so the mean over micro-batches is the share of sequences: 0.5, correct. The gradient is not
+affected (metrics-only). Exit 1 when the logged ratio is 0.8 at micro-batches of 2.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import pathlib
+import sys
+import types
+from typing import Any
+
+import skyrl_train
 import torch
 from omegaconf import OmegaConf
-from skyrl_train.utils.ppo_utils import PolicyLossRegistry
 
-config = OmegaConf.create(
-    {
-        "policy_loss_type": "gspo",
-        "loss_reduction": "sequence_mean",
-        "max_seq_len": None,
-        "eps_clip_low": 0.2,
-        "eps_clip_high": 0.2,
+# ---- stand-ins (inlined) for imports an environment may lack ----
+# skyrl-train 0.3.1 declares these, and ``skyrl_train.workers.worker``'s import chain (tqdm: worker.py;
+# transformers: distributed/fsdp_strategy.py; datasets: dataset/dataset.py; fastapi, uvicorn, pydantic:
+# inference_engines/inference_engine_client_http_endpoint.py) imports them at top level, but the code driven
+# here calls none of them except tqdm's iteration (a pass-through progress bar below). An environment with
+# only skyrl-train's core (``pip install --no-deps skyrl-train``) lacks them; a finder at the END of
+# sys.meta_path stands in for a missing one only: an installed module always wins.
+
+STUBBED = ("tqdm", "transformers", "datasets", "fastapi", "uvicorn", "pydantic")
+
+
+class _Bar:  # tqdm(iterable, desc=..., disable=...): iterate, accept set_postfix
+    def __init__(self, iterable: Any = (), *args: Any, **kwargs: Any) -> None:
+        self.iterable = iterable
+
+    def __iter__(self) -> Any:
+        return iter(self.iterable)
+
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+class _Missing(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name.split(".")[0] in STUBBED:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec: Any) -> Any:
+        module = types.ModuleType(spec.name)
+        module.__path__ = []  # type: ignore[attr-defined]
+        module.__getattr__ = lambda attr: _Bar if attr == "tqdm" else type(attr, (), {})  # type: ignore[method-assign]
+        return module
+
+    def exec_module(self, module: Any) -> None:
+        return None
+
+
+sys.meta_path.append(_Missing())
+
+from skyrl_train.training_batch import TrainingInputBatch  # noqa: E402
+from skyrl_train.utils.ppo_utils import PolicyLossRegistry  # noqa: E402
+from skyrl_train.workers.worker import PolicyWorkerBase  # noqa: E402
+
+CONFIG = pathlib.Path(skyrl_train.__file__).parent / "config" / "ppo_base_config.yaml"
+
+
+def load_config(**overrides: Any) -> Any:
+    """ppo_base_config.yaml with ``overrides`` (dotted keys), plus what skyrl's ``validate_cfg`` adds
+    before the workers start (``utils/utils.py:278``: ``max_seq_len``)."""
+    cfg = OmegaConf.load(CONFIG)
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
+    cfg.trainer.algorithm.max_seq_len = (
+        cfg.generator.max_input_length + cfg.generator.sampling_params.max_generate_length
+    )
+    return cfg
+
+
+def ppo_train(cfg: Any, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, Any]]:
+    """Run skyrl-train's own ``PolicyWorkerBase.ppo_train`` (its BatchIterator, ``forward_backward`` per
+    micro-batch, ``optim_step`` every ``accumulation_steps``) on one mini-batch. Stand-ins for what a CPU
+    process without Ray/FSDP lacks: the "model" returns one trainable log-prob per response token (so
+    the gradient is d loss / d logp), the strategy's ``backward`` is ``loss.backward()`` and its
+    ``optimizer_step`` records the accumulated gradient, DP size 1. Returns the gradient at each
+    optimizer step and the worker's logged status."""
+    # the policy's log-probs now: the old ``action_log_probs`` (on-policy) unless ``policy_log_probs``
+    logp = torch.nn.Parameter(batch.get("policy_log_probs", batch["action_log_probs"]).clone())
+    n, a = logp.shape
+
+    def model(sequences: torch.Tensor, num_actions: int, **kwargs: Any) -> Any:
+        rows = sequences[:, 0]  # the stand-in reads which responses this micro-batch holds
+        return logp[rows] * 1.0, {"entropy": torch.zeros(sequences.shape)}
+
+    model.train = model.eval = lambda: None  # type: ignore[attr-defined]
+    grads: list[torch.Tensor] = []
+
+    def optimizer_step(optimizer: Any, model: Any, scheduler: Any, name: str) -> None:
+        grads.append(logp.grad.clone() if logp.grad is not None else torch.zeros_like(logp))
+        logp.grad = None
+        return None
+
+    worker = types.SimpleNamespace(
+        cfg=cfg,
+        model=model,
+        optimizer=None,
+        scheduler=types.SimpleNamespace(get_last_lr=lambda: [0.0]),
+        strategy=types.SimpleNamespace(
+            backward=lambda loss, model, optimizer: loss.backward(),
+            optimizer_step=optimizer_step,
+            is_rank_0=lambda: True,
+            all_reduce=lambda status: status,
+        ),
+        policy_loss_fn=PolicyLossRegistry.get(cfg.trainer.algorithm.policy_loss_type),
+        record_memory=False,
+        # as PolicyWorkerBase's init computes it (worker.py:621), DP size 1
+        policy_mini_batch_size_per_gpu=cfg.trainer.policy_mini_batch_size
+        * cfg.generator.n_samples_per_prompt,
+    )
+    worker.forward_backward = lambda exp, steps: PolicyWorkerBase.forward_backward(worker, exp, steps)
+    worker.optim_step = lambda: PolicyWorkerBase.optim_step(worker)
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]  # CPU stand-in
+    torch.distributed.barrier = lambda *args, **kwargs: None  # type: ignore[assignment]  # one process
+    sequences = torch.cat([torch.arange(n)[:, None], torch.zeros(n, a + 1, dtype=torch.long)], dim=1)
+    data = TrainingInputBatch(
+        {
+            "sequences": sequences,
+            "attention_mask": torch.ones_like(sequences),
+            "action_log_probs": batch["action_log_probs"],
+            "base_action_log_probs": batch.get("base_action_log_probs", batch["action_log_probs"]),
+            "values": None,
+            "returns": None,
+            "advantages": batch["advantages"],
+            "loss_mask": batch["loss_mask"],
+            "response_mask": batch.get("response_mask", torch.ones(n, a)),
+        }
+    )
+    data.metadata = {"global_step": 1, "response_length": a}
+    out = PolicyWorkerBase.ppo_train(worker, data)
+    return grads, out.metadata["train_status"]
+
+
+def main() -> None:
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    batch = {
+        "policy_log_probs": torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0]]),  # row 0: s = e^0.5
+        "action_log_probs": torch.zeros(2, 4),
+        "advantages": mask.clone(),
+        "loss_mask": mask,
     }
-)
-old = torch.zeros(2, 4)
-logp = torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0]])  # row 1: s = e^0.5 > 1 + 0.2
-mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
-_, clip_ratio = PolicyLossRegistry.get("gspo")(logp, old, torch.ones(2, 4) * mask, config, loss_mask=mask)
-print(f"ppo_clip_ratio: {clip_ratio:.4f}; expected 0.5 (one of two sequences)")
+    gspo = {
+        "trainer.policy_mini_batch_size": 1,
+        "generator.n_samples_per_prompt": 2,
+        "trainer.algorithm.policy_loss_type": "gspo",
+        "trainer.algorithm.loss_reduction": "sequence_mean",
+    }
+    _, two = ppo_train(load_config(**gspo, **{"trainer.micro_train_batch_size_per_gpu": 2}), batch)
+    _, one = ppo_train(load_config(**gspo), batch)
+    print(f"ppo_clip_ratio, micro-batch 2: expected 0.5 got {two['ppo_clip_ratio']:.4f}")
+    print(f"ppo_clip_ratio, micro-batch 1 (default): expected 0.5 got {one['ppo_clip_ratio']:.4f}")
+    wrong = abs(two["ppo_clip_ratio"] - 0.5) > 1e-6
+    print("share of tokens (skyrl-f6 reproduces)" if wrong else "share of sequences (fixed)")
+    sys.exit(1 if wrong else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -66,9 +66,12 @@ OPTION_KEYWORDS: Mapping[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "counts": (
         ("policy_loss", ("norm_constant", "token_count", "row_count")),
         ("value_loss", ("loss_agg", "norm_constant", "token_count", "row_count")),
+        ("aggregate_loss", ("norm_constant", "token_count", "row_count")),
     ),
 }
-"""policy_loss_options value -> (op, keywords it must accept) for each op that uses it."""
+"""policy_loss_options value -> (op, keywords it must accept) for each op that uses it. An adapter
+whose ``aggregate_loss`` takes no count keywords (a library reducing one batch at a time, e.g.
+ms-swift's ``_sdar_agg_loss``) gets the counts tests as "not provided", not a ``TypeError`` FAIL."""
 
 
 def _accepts(function: object, keywords: tuple[str, ...]) -> bool:
@@ -84,7 +87,8 @@ def _accepts(function: object, keywords: tuple[str, ...]) -> bool:
 
 def _inferred_capabilities(adapter: object, declared: Mapping[str, object]) -> dict[str, object]:
     """For an adapter that does not declare ``policy_loss_options`` (one written before CLIP-1..3
-    and AGG-1..3): the options whose keywords its policy_loss / value_loss signatures accept, and
+    and AGG-1..3, or by a newcomer): the options whose keywords its policy_loss / value_loss /
+    aggregate_loss signatures accept, and
     without ``counts`` no ``seq-mean-token-sum-norm`` (it needs ``norm_constant``) unless
     ``loss_aggregations`` is declared. So an older adapter keeps its verdicts and the new rows read
     "not provided" instead of failing on a keyword it was never given."""

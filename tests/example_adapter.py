@@ -13,6 +13,8 @@ ratio the wrong way up): the suite must name both keys and fail only the bug.
 action tokens): right on every input a single-turn pipeline produces, so the suite must report
 only edge FAILs, unless the adapter declares ``edge_inputs = ["empty_rows"]``
 (``make_empty_row_adapter_declared``), when they are value FAILs (issue 20).
+``make_countless_aggregation_adapter`` has an ``aggregate_loss`` without the count keywords: the
+tests that need them are "not provided" (issue 28).
 """
 
 from __future__ import annotations
@@ -28,11 +30,13 @@ import ppo_ref
 
 __all__ = [
     "ADAPTER",
+    "CountlessAggregationAdapter",
     "EmptyRowAdapter",
     "ExampleAdapter",
     "PlantedAdapter",
     "PolicyLossOutput",
     "make_adapter",
+    "make_countless_aggregation_adapter",
     "make_empty_row_adapter",
     "make_empty_row_adapter_declared",
     "make_planted_adapter",
@@ -174,3 +178,21 @@ def make_empty_row_adapter() -> EmptyRowAdapter:
 def make_empty_row_adapter_declared() -> EmptyRowAdapter:
     """Declares that its pipeline makes rows without action tokens: the same NaN is a value FAIL."""
     return EmptyRowAdapter("example-empty-row", {"clipfrac": "ratio-outside", "edge_inputs": ["empty_rows"]})
+
+
+class CountlessAggregationAdapter(ExampleAdapter):
+    """The example adapter with an ``aggregate_loss`` that reduces one batch at a time, as a newcomer
+    wraps a library function without count keywords (ms-swift's ``_sdar_agg_loss``): the counts tests
+    must be "not provided" (its signature lacks the keywords), not FAILs with a TypeError (issue 28)."""
+
+    provenance = "ppo_ref.masked_mean, and aggregate_loss(per_token, mask, loss_agg) only"
+    ops = frozenset({"masked_mean", "aggregate_loss"})  # no policy_loss: only aggregate_loss's keywords count
+
+    @staticmethod
+    def aggregate_loss(per_token: Tensor, mask: Tensor, loss_agg: str = "token-mean") -> Tensor:
+        return ppo_ref.aggregate_loss(per_token, mask, loss_agg)
+
+
+def make_countless_aggregation_adapter() -> CountlessAggregationAdapter:
+    """Declares the clip-fraction convention only (no ``policy_loss_options``: inferred)."""
+    return CountlessAggregationAdapter("example-countless", {"clipfrac": "ratio-outside"})

@@ -208,3 +208,25 @@ def test_the_readme_adapter_runs_from_outside_the_repository(tmp_path: Path) -> 
     assert {verdicts[c] for c in ("GAE-1", "GAE-2", "GAE-3", "GAE-4", "PG-1", "PG-5")} == {"pass"}
     assert verdicts["PG-3"] == "declared convention"
     assert verdicts["KL-1"] == "not provided"
+
+
+def test_an_aggregate_loss_without_count_keywords_is_not_provided_there(tmp_path: Path) -> None:
+    """Issue 28: an adapter whose aggregate_loss takes no count keywords (a newcomer wrapping
+    ms-swift's ``_sdar_agg_loss``) and declares no ``policy_loss_options`` has ``counts`` inferred
+    away from its signature: the tests that need the keywords are not provided, naming them, where
+    they were FAILs with a TypeError (PG-2, AGG-1..3, ROB-4 and EDGE-2 before)."""
+    stem = tmp_path / "countless"
+    run = _run_suite(
+        "conformance/",
+        "--impl=tests.example_adapter:make_countless_aggregation_adapter",
+        "--conformance-output=compact",
+        f"--conformance-report={stem}",
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    verdicts = _verdicts(stem)
+    assert "fail" not in verdicts.values(), verdicts
+    assert verdicts["PG-2"] == "pass" and verdicts["EDGE-2"] == "pass"
+    assert (
+        "not provided: the keyword token_count (declared policy_loss_options excludes 'counts')" in run.stdout
+    )
+    assert "TypeError" not in run.stdout

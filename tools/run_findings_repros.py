@@ -5,7 +5,9 @@
     python3 tools/run_findings_repros.py --list          # script, interpreter; runs nothing
 
 A reproduction (``findings/repro/<finding-id>.py``, see its README) prints the expected and the
-computed number and exits 1 when the wrong number appears, 0 when it does not. Each is run with the
+computed number and exits 1 while the behaviour its entry describes appears (the wrong number; for a
+``latent`` entry, on the input the pipeline does not make; for a ``convention``, the library still
+following it), 0 when it does not. Each is run with the
 first ``.envs/NAME/bin/python`` its docstring names, from the repository root, through a wrapper that
 checks, once the script has finished, that nothing of ppo-ref was imported: no module ``ppo_ref`` (every
 environment has ppo-ref installed, so an accidental import would otherwise pass unnoticed) and no

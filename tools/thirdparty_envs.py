@@ -191,6 +191,9 @@ RECIPES: dict[str, Recipe] = {
                     "transformers==5.15.0",
                     "accelerate==1.15.0",
                     "datasets==5.2.0",
+                    # openrlhf.trainer.ray.ppo_actor (ActorPPOTrainer.training_step, the findings'
+                    # training path) imports utils/vlm_utils.py, which imports PIL at top level.
+                    "pillow==13.0.0",
                 ),
             ),
             imports=("openrlhf", "deepspeed"),
@@ -199,6 +202,7 @@ RECIPES: dict[str, Recipe] = {
                 "openrlhf.models.loss",
                 "openrlhf.models.utils",
                 "openrlhf.trainer.ppo_utils.experience_maker",
+                "openrlhf.trainer.ray.ppo_actor",
             ),
             report=("openrlhf", "deepspeed", "peft", "einops", "torchdata", *HF_STACK_REPORT),
         ),

@@ -169,7 +169,9 @@ def _library_modules() -> dict[str, set[str]]:
 
 PROBE = """
 import importlib, sys
-if sys.argv[1] == "openrlhf":  # OpenRLHF imports flash_attn / vllm at top level (the adapter's stubs)
+# OpenRLHF and skyrl-train import flash_attn (and OpenRLHF vllm) at top level, which need CUDA to
+# install: the OpenRLHF adapter's allow-listed stubs stand in for exactly those (as each script's own).
+if sys.argv[1] in ("openrlhf", "skyrl"):
     from ppo_ref.adapters.thirdparty import _openrlhf_stubs
     _openrlhf_stubs.install()
 failed = []

@@ -1,16 +1,28 @@
-"""trl-approxkl-unmasked (metrics-only), through TRL 1.12's own ``PPOTrainer.train``.
+"""trl-approxkl-unmasked (metrics-only, with a stop token): TRL 1.12's logged ``policy/approxkl_avg``
+and ``val/ratio`` average over the padding after EOS.
 
+Interpreter: .envs/trl/bin/python (any env with ``pip install trl==1.12.0``; TRL removed PPO in 1.13).
 Run from the repository root: ``.envs/trl/bin/python findings/repro/trl-approxkl-unmasked.py``.
 
-One PPO iteration of ``trl.experimental.ppo.PPOTrainer`` on tiny random GPT-2 models (the benchmark's
-models and tokenizer, ``bench/tiny_ppo.py``), default settings except: a stop token inside the
-vocabulary (so responses end early and get padded, as with any real EOS), 8 prompts, 16 response
-tokens, one mini-batch, two PPO epochs, ``bf16=False`` and no sample generations (CPU). A wrapper
-around ``accelerator.backward`` reads ``train()``'s own locals at each micro-batch (the log-ratio
-``logprobs_diff`` and ``padding_mask``), so the expected figures come from the very tensors the
-trainer used: ``approxkl`` over the action tokens only, against the logged ``policy/approxkl_avg``,
-which averages ``0.5 * logprobs_diff**2`` over every position, padding included (the padded slots
-hold ``INVALID_LOGPROB`` in both log-probs, so they add 0 and count in the denominator).
+Drives ``trl.experimental.ppo.PPOTrainer.train()`` itself, one iteration, real sampling, on tiny
+random GPT-2 policy, reference, value and reward models built from a config and a 16-token word-level
+tokenizer built in-process (no hub, no network; writes only in a tempfile directory). ``train()``
+logs ``approxkl = 0.5 * (logprobs_diff**2).mean()`` and ``ratio.mean()`` per micro-batch
+(``ppo_trainer.py:857``, ``:868``) over every response slot; the padded slots hold
+``INVALID_LOGPROB`` in both log-probs, so they add 0 to the KL and exp(0) = 1 to the ratio while
+counting in the denominator. Expected, from ``train()``'s own tensors read at each micro-batch (a
+wrapper around ``accelerator.backward`` reads its frame), averaged over micro-batches the way
+``train()`` averages its stats:
+
+    approxkl_expected = mean_mb [ 0.5 * sum_{action tokens} logprobs_diff**2 / n_action ]
+    ratio_expected    = mean_mb [ sum_{action tokens} exp(logprobs_diff) / n_action ]
+
+Triggering setting (exit 1 when the logged value is off by more than 1e-3 relative):
+``stop_token="eos"`` (responses end at EOS and are padded, as in TRL's ``ppo_tldr.py`` recipe,
+``--stop_token eos``). Also run: TRL's defaults (``stop_token=None``: no response is truncated, no
+padding, so the unmasked mean is the token mean). The loss does not use either statistic and TRL
+has no early stop on them: training is unaffected. ``learning_rate`` is raised to 3e-3 so that the
+log-ratios of the later PPO epochs are well above rounding (the dilution does not depend on it).
 """
 
 from __future__ import annotations
@@ -18,56 +30,69 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
 import torch
 
-from bench import tiny_ppo as s
+VOCAB = 16  # model vocabulary; the tokenizer's [PAD] is id 16, outside it (TRL masks pad ids to 0 before
+EOS = 1  # every forward, as in TRL's ppo_tldr.py where [PAD] is added to the tokenizer)
+PROMPT, RESPONSE, PER_DEVICE = 4, 12, 8
+TOLERANCE = 1e-3
 
-STOP_TOKEN = 7  # an in-vocabulary stop token: about one response in four stops before 16 tokens
+
+def tokenizer() -> Any:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(VOCAB)} | {"[PAD]": VOCAB}
+    vocab["<eos>"] = EOS
+    del vocab[f"t{EOS}"]
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="t2"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="[PAD]", eos_token="<eos>")
 
 
-def main() -> None:
+def models_(seed: int) -> dict[str, Any]:
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+
+    sizes = {"n_positions": 32, "n_embd": 16, "n_layer": 1, "n_head": 2}
+    config = GPT2Config(vocab_size=VOCAB, num_labels=1, bos_token_id=EOS, eos_token_id=EOS, **sizes)
+    built: dict[str, Any] = {}
+    for name, cls, offset in (("policy", GPT2LMHeadModel, 0), ("ref", GPT2LMHeadModel, 0)):
+        torch.manual_seed(seed + offset)
+        built[name] = cls(config)
+    for name, offset in (("value", 1), ("reward", 2)):
+        torch.manual_seed(seed + offset)
+        built[name] = GPT2ForSequenceClassification(config)
+    return built
+
+
+def run(stop_token: str | None, seed: int = 0) -> dict[str, float]:
+    """One train() iteration; the logged statistics and the token means of the same log-ratios."""
     from datasets import Dataset
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-    torch.manual_seed(0)
-    models = s.build_models()
-    ids = s.prompt_ids().tolist()[:8]
+    m = models_(seed)
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(2, VOCAB, (2 * PER_DEVICE, PROMPT), generator=g).tolist()
     with tempfile.TemporaryDirectory() as out:
         config = PPOConfig(
-            output_dir=out,
-            per_device_train_batch_size=8,
-            per_device_eval_batch_size=8,
-            gradient_accumulation_steps=1,
-            num_mini_batches=1,
-            local_rollout_forward_batch_size=8,
-            total_episodes=8,  # one iteration
-            num_ppo_epochs=2,
-            response_length=16,
-            stop_token_id=STOP_TOKEN,
-            learning_rate=3e-3,
-            num_sample_generations=0,
-            bf16=False,
-            gradient_checkpointing=False,
-            report_to="none",
-            save_strategy="no",
-            use_cpu=True,
-            seed=0,
-        )
+            output_dir=out, per_device_train_batch_size=PER_DEVICE, total_episodes=PER_DEVICE,
+            response_length=RESPONSE, stop_token=stop_token, learning_rate=3e-3,
+            num_sample_generations=0, report_to="none", save_strategy="no", use_cpu=True, seed=seed,
+        )  # fmt: skip
         trainer = PPOTrainer(
             args=config,
-            processing_class=s.build_tokenizer(),
-            model=models["policy"],
-            ref_model=models["reference"],
-            reward_model=models["reward"],
-            value_model=models["value"],
-            train_dataset=Dataset.from_dict({"input_ids": ids}),
-            eval_dataset=Dataset.from_dict({"input_ids": ids}),
+            processing_class=tokenizer(),
+            model=m["policy"],
+            ref_model=m["ref"],
+            reward_model=m["reward"],
+            value_model=m["value"],
+            train_dataset=Dataset.from_dict({"input_ids": prompts}),
         )
         seen: list[dict[str, float]] = []
         backward = trainer.accelerator.backward
@@ -78,28 +103,41 @@ def main() -> None:
             action = ~f["padding_mask"][f["micro_batch_inds"]]
             seen.append(
                 {
-                    "unmasked": float(0.5 * (diff**2).mean()),
-                    "action_tokens": float(0.5 * (diff[action] ** 2).mean()),
-                    "ratio_unmasked": float(torch.exp(diff).mean()),
-                    "ratio_action_tokens": float(torch.exp(diff[action]).mean()),
-                    "padding_share": float(1 - action.float().mean()),
+                    "kl": float(0.5 * (diff[action] ** 2).mean()),
+                    "ratio": float(torch.exp(diff[action]).mean()),
+                    "padding": float(1 - action.float().mean()),
                 }
             )
             return backward(loss, **kwargs)
 
         trainer.accelerator.backward = spy
+        np.random.seed(seed)  # train()'s mini-batch shuffle (np.random.permutation) is not seeded by TRL
         trainer.train()
         logged = next(e for e in trainer.state.log_history if "policy/approxkl_avg" in e)
     n = len(seen)
-    expected = sum(m["action_tokens"] for m in seen) / n
-    unmasked = sum(m["unmasked"] for m in seen) / n
-    print(f"micro-batches: {n}, padding share of the response slots: {seen[0]['padding_share']:.3f}")
-    print(f"policy/approxkl_avg logged by PPOTrainer.train: {logged['policy/approxkl_avg']:.6g}")
-    print(f"  the unmasked mean of the same log-ratios:      {unmasked:.6g}")
-    print(f"expected (0.5 * mean of logprobs_diff**2 over action tokens): {expected:.6g}")
-    ratio = sum(m["ratio_action_tokens"] for m in seen) / n
-    print(f"val/ratio logged: {logged['val/ratio']:.6g}; expected over action tokens: {ratio:.6g}")
+    return {
+        "kl": sum(s["kl"] for s in seen) / n,
+        "ratio": sum(s["ratio"] for s in seen) / n,
+        "padding": seen[0]["padding"],
+        "logged_kl": float(logged["policy/approxkl_avg"]),
+        "logged_ratio": float(logged["val/ratio"]),
+    }
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    wrong = False
+    for label, stop in (("trigger: stop_token='eos'", "eos"), ("defaults: stop_token=None", None)):
+        r = run(stop)
+        rel = abs(r["logged_kl"] - r["kl"]) / r["kl"]
+        print(
+            f"{label}: padding share of the response slots {r['padding']:.3f}; policy/approxkl_avg expected "
+            f"{r['kl']:.6g}, got {r['logged_kl']:.6g} (relative error {rel:.3g}); val/ratio expected "
+            f"{r['ratio']:.6g}, got {r['logged_ratio']:.6g}"
+        )
+        wrong |= stop is not None and rel > TOLERANCE
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,15 +1,23 @@
-"""trl-logprobs-half-precision (non-default: a bfloat16 policy), through TRL 1.12's ``PPOTrainer.train``.
+"""trl-logprobs-half-precision (non-default: a bfloat16 policy): TRL 1.12's ``selective_log_softmax``
+computes bf16/fp16 log-probs in half precision, and ``PPOTrainer.train`` trains on them.
 
+Interpreter: .envs/trl/bin/python (any env with ``pip install trl==1.12.0``; TRL removed PPO in 1.13).
 Run from the repository root: ``.envs/trl/bin/python findings/repro/trl-logprobs-half-precision.py``.
 
-Same run as ``trl-approxkl-unmasked.py`` with ``PPOConfig``'s default ``bf16=True`` and the policy
-loaded in bfloat16 (``torch_dtype=torch.bfloat16``, the non-default setting; with float32 weights the
-CPU run gives float32 logits, checked with ``--float32-policy``): the logits reach
-``selective_log_softmax`` in bfloat16 and the log-probs of the loss come back in bfloat16. A wrapper
-around ``accelerator.backward`` reads ``train()``'s locals at each micro-batch and compares
-``new_logprobs`` with the float32 log-softmax of the same logits. The run: one PPO iteration on the
-benchmark's tiny random GPT-2 models, 8 prompts, 16 response tokens, an in-vocabulary stop token, one
-mini-batch, two PPO epochs.
+Drives ``trl.experimental.ppo.PPOTrainer.train()`` itself, one iteration, real sampling, on tiny
+random GPT-2 policy, reference, value and reward models built from a config and a 16-token word-level
+tokenizer built in-process (no hub, no network; writes only in a tempfile directory). For logits of
+a dtype other than float32/float64, ``trl.trainer.utils.selective_log_softmax`` runs
+``F.log_softmax`` in that dtype and returns it (``trainer/utils.py:507-520``); ``train()`` uses it for
+the old, reference and new log-probs (``ppo_trainer.py:703``, ``:714``, ``:823``). Expected: the float32
+log-softmax of the very logits ``train()`` used (read at each micro-batch by a wrapper around
+``accelerator.backward``), ``log_softmax(logits.float())[response token]``; printed: the largest and
+mean |new_logprobs - expected| over the action tokens, and the largest resulting error of the ratio.
+
+Triggering setting (exit 1 when the error exceeds 1e-3): the policy loaded in bfloat16 (what
+``--dtype bfloat16`` does in TRL's ``ppo.py``/``ppo_tldr.py``, whose ``ModelConfig.dtype`` defaults
+to float32). Also run: TRL's defaults (float32 weights; ``PPOConfig.bf16`` left at its default True,
+which ``PPOTrainer`` does not pass to the ``Accelerator`` it builds itself, so no autocast: float32 logits).
 """
 
 from __future__ import annotations
@@ -17,59 +25,72 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import numpy as np
 import torch
 
-from bench import tiny_ppo as s
+VOCAB = 16  # model vocabulary; the tokenizer's [PAD] is id 16, outside it (TRL masks pad ids to 0 before
+EOS = 1  # every forward, as in TRL's ppo_tldr.py where [PAD] is added to the tokenizer)
+PROMPT, RESPONSE, PER_DEVICE = 4, 12, 8
+TOLERANCE = 1e-3
 
-STOP_TOKEN = 7  # an in-vocabulary stop token: about one response in four stops before 16 tokens
+
+def tokenizer() -> Any:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"t{i}": i for i in range(VOCAB)} | {"[PAD]": VOCAB}
+    vocab["<eos>"] = EOS
+    del vocab[f"t{EOS}"]
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="t2"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="[PAD]", eos_token="<eos>")
 
 
-def main() -> None:
+def models_(seed: int) -> dict[str, Any]:
+    from transformers import GPT2Config, GPT2ForSequenceClassification, GPT2LMHeadModel
+
+    sizes = {"n_positions": 32, "n_embd": 16, "n_layer": 1, "n_head": 2}
+    config = GPT2Config(vocab_size=VOCAB, num_labels=1, bos_token_id=EOS, eos_token_id=EOS, **sizes)
+    built: dict[str, Any] = {}
+    for name, cls, offset in (("policy", GPT2LMHeadModel, 0), ("ref", GPT2LMHeadModel, 0)):
+        torch.manual_seed(seed + offset)
+        built[name] = cls(config)
+    for name, offset in (("value", 1), ("reward", 2)):
+        torch.manual_seed(seed + offset)
+        built[name] = GPT2ForSequenceClassification(config)
+    return built
+
+
+def run(dtype: torch.dtype, seed: int = 0) -> dict[str, Any]:
+    """One train() iteration; the dtypes and the log-prob error against float32 math."""
     from datasets import Dataset
     from trl.experimental.ppo import PPOConfig, PPOTrainer
 
-    torch.manual_seed(0)
-    models = s.build_models()
-    if "--float32-policy" not in sys.argv:
-        models["policy"] = models["policy"].to(torch.bfloat16)
-    ids = s.prompt_ids().tolist()[:8]
+    m = models_(seed)
+    m["policy"], m["ref"] = m["policy"].to(dtype), m["ref"].to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(2, VOCAB, (2 * PER_DEVICE, PROMPT), generator=g).tolist()
     with tempfile.TemporaryDirectory() as out:
         config = PPOConfig(
-            output_dir=out,
-            per_device_train_batch_size=8,
-            per_device_eval_batch_size=8,
-            gradient_accumulation_steps=1,
-            num_mini_batches=1,
-            local_rollout_forward_batch_size=8,
-            total_episodes=8,  # one iteration
-            num_ppo_epochs=2,
-            response_length=16,
-            stop_token_id=STOP_TOKEN,
-            learning_rate=3e-3,
-            num_sample_generations=0,
-            gradient_checkpointing=False,
-            report_to="none",
-            save_strategy="no",
-            use_cpu=True,
-            seed=0,
-        )
+            output_dir=out, per_device_train_batch_size=PER_DEVICE, total_episodes=PER_DEVICE,
+            response_length=RESPONSE, num_sample_generations=0, report_to="none", save_strategy="no",
+            use_cpu=True, seed=seed,
+        )  # fmt: skip
         trainer = PPOTrainer(
             args=config,
-            processing_class=s.build_tokenizer(),
-            model=models["policy"],
-            ref_model=models["reference"],
-            reward_model=models["reward"],
-            value_model=models["value"],
-            train_dataset=Dataset.from_dict({"input_ids": ids}),
-            eval_dataset=Dataset.from_dict({"input_ids": ids}),
+            processing_class=tokenizer(),
+            model=m["policy"],
+            ref_model=m["ref"],
+            reward_model=m["reward"],
+            value_model=m["value"],
+            train_dataset=Dataset.from_dict({"input_ids": prompts}),
         )
-        seen: list[dict[str, float]] = []
+        seen: list[dict[str, Any]] = []
         backward = trainer.accelerator.backward
 
         def spy(loss: Any, **kwargs: Any) -> Any:
@@ -81,26 +102,44 @@ def main() -> None:
             err = (got.float() - exact)[action].abs()
             seen.append(
                 {
-                    "logits_dtype": str(logits.dtype),
-                    "logprobs_dtype": str(got.dtype),
-                    "max_err": float(err.max()),
-                    "mean_err": float(err.mean()),
-                    "ratio_err": float((torch.exp(err) - 1).max()),
+                    "logits": logits.dtype,
+                    "logprobs": got.dtype,
+                    "max": float(err.max()),
+                    "mean": float(err.mean()),
                 }
             )
             return backward(loss, **kwargs)
 
         trainer.accelerator.backward = spy
+        np.random.seed(seed)  # train()'s mini-batch shuffle (np.random.permutation) is not seeded by TRL
         trainer.train()
-    print(f"PPOConfig bf16 (left at its default): {config.bf16}")
-    for i, m in enumerate(seen):
+        precision = str(trainer.accelerator.mixed_precision)
+    worst = max(s["max"] for s in seen)
+    return {
+        "bf16": config.bf16, "mixed_precision": precision, "logits": seen[0]["logits"],
+        "logprobs": seen[0]["logprobs"], "max": worst, "mean": sum(s["mean"] for s in seen) / len(seen),
+        "ratio": float(torch.expm1(torch.tensor(worst))),
+    }  # fmt: skip
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    wrong = False
+    for label, dtype in (
+        ("trigger: bfloat16 policy", torch.bfloat16),
+        ("defaults: float32 policy", torch.float32),
+    ):
+        r = run(dtype)
         print(
-            f"micro-batch {i}: logits {m['logits_dtype']}, new_logprobs {m['logprobs_dtype']}; "
-            f"|new_logprobs - float32 log-softmax| on action tokens: max {m['max_err']:.4g}, "
-            f"mean {m['mean_err']:.4g} (expected 0 up to float32 rounding, spec LOGP-3)"
+            f"{label} (PPOConfig.bf16={r['bf16']}, accelerator mixed_precision={r['mixed_precision']}): "
+            f"logits {r['logits']}, new_logprobs {r['logprobs']}; |new_logprobs - float32 log-softmax| on "
+            "action tokens "
+            f"expected 0 (float32 rounding, < {TOLERANCE:g}), got max {r['max']:.4g}, mean {r['mean']:.4g}; "
+            f"ratio error up to {r['ratio']:.3%}"
         )
-    print("the same error enters the ratio exp(new - old): up to", f"{max(m['ratio_err'] for m in seen):.3%}")
+        wrong |= dtype != torch.float32 and r["max"] > TOLERANCE
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,7 +6,9 @@ Runs only for an adapter with a step runner (:func:`ppo_ref.adapters.step.step_r
 :func:`ppo_ref.adapters.step.example_batch` (2 prompts x 4 completions of unequal lengths, one
 EOS-ended completion filling the budget, two cut at it), for every loss mode the runner lists;
 STEP-5 measures which rows the library treated as truncated from the library's own per-row
-outputs in the result (:data:`ppo_ref.adapters.step.OUTPUTS`), not from the runner's word.
+outputs in the result (:data:`ppo_ref.adapters.step.OUTPUTS`), not from the runner's word; a
+runner's declared ``truncation_convention`` (a length-only reward penalty as a paper writes it) is
+applied to every row's expected reward and shown with the verdict.
 The measured differences are attached to each test as ``user_properties`` (``step_measure``) so
 that a report, or ``-rA`` with ``--junitxml``, shows them; a mode the runner declares
 ``micro_batch_local`` has its STEP-2 dependence measured and shown, not failed.
@@ -31,6 +33,7 @@ from ppo_ref.adapters.step import (
     step_problems,
     step_runner,
     treated_as_truncated,
+    truncation_convention,
     truncation_problems,
 )
 
@@ -185,12 +188,20 @@ def test_step5_only_rows_cut_at_the_budget_are_truncated(
     assert max(len(c) for c in batch.completions) == len(batch.completions[0]) == batch.budget  # EOS-ended
     probe = getattr(runner, "truncation_run", None)
     result = probe(batch) if probe is not None else _run(runner, batch, runner.loss_modes[0])
-    measured = treated_as_truncated(batch, result.outputs)
+    convention = truncation_convention(runner)  # a declared length-only reward penalty, or None
+    measured = treated_as_truncated(batch, result.outputs, convention)
     if measured is None:
         pytest.skip(f"not provided: {runner.name}'s results carry none of the library's per-row outputs")
     claim = getattr(runner, "truncated_rows", None)  # a runner's own claim: cross-checked only
     record_property(
         "step_measure", f"{runner.name}: rows treated as truncated {measured} (from {sorted(result.outputs)})"
     )
-    problems = truncation_problems(batch, result, None if claim is None else tuple(claim(batch)))
+    if convention is not None:
+        plain = treated_as_truncated(batch, result.outputs)
+        record_property(
+            "step_declared",
+            f"{runner.name}: rewards measured against score + {convention.source} (L_cache "
+            f"{convention.buffer}, L_max {batch.budget}); against the score alone: rows {plain}",
+        )
+    problems = truncation_problems(batch, result, None if claim is None else tuple(claim(batch)), convention)
     assert not problems, "\n".join(problems)

@@ -3,8 +3,9 @@
 Here, without TRL or verl: the config reading, the one-line errors and exit status 2. In
 ``.envs/trl116`` and ``.envs/verl`` (marked thirdparty): the README's commands as typed, their
 verdicts and words (the bnpo split measured at 19.7%: a declared convention; GPT-2's position ids
-under prompt padding: STEP-3; verl's width normaliser and overlong penalty: STEP-3 and STEP-5), a
-checkpoint's config.json of a rotary family passing STEP-3, and an unknown key.
+under prompt padding: STEP-3; verl's width normaliser: STEP-3; its length-only overlong penalty:
+STEP-5's declared convention), a checkpoint's config.json of a rotary family passing STEP-3, and an
+unknown key.
 """
 
 from __future__ import annotations
@@ -115,9 +116,10 @@ def test_the_readme_step_check_commands_as_typed(tmp_path: Path) -> None:
     assert verl.returncode == 1, verl.stdout + verl.stderr[-3000:]
     assert "settings applied: clip_ratio_high=0.28" in verl.stdout
     assert "3 extra padding columns on the completions change the gradient by 33.3%" in verl.stdout
-    assert (
-        "STEP-5 FAIL: rows treated as truncated" in verl.stdout and "(rows [0] end with EOS)" in verl.stdout
+    assert "STEP-5 declared convention: every row's reward is its score plus a penalty of its length" in (
+        verl.stdout
     )
+    assert verl.stdout.rstrip().endswith("1 of 5 clauses fail at these settings (STEP-3)"), verl.stdout
     (tmp_path / "gpt2").mkdir()
     (tmp_path / "gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 768}))
     command = ["ppo-ref", "step-check", "--impl", "verl", "--config", "actor.yaml", "--model", "gpt2"]

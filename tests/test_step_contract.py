@@ -8,6 +8,8 @@ inferred from the padded length) and watching the comparison move far above the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ import ppo_ref.trainer.generation as generation_module
 import ppo_ref.trainer.update as update_module
 from ppo_ref.adapters.step import (
     BUILTIN_STEP_RUNNERS,
+    LengthPenalty,
     StepBatch,
     StepResult,
     StepRunner,
@@ -26,8 +29,10 @@ from ppo_ref.adapters.step import (
     step_problems,
     step_runner,
     treated_as_truncated,
+    truncation_convention,
     truncation_problems,
 )
+from ppo_ref.adapters.step_kit import padded
 from ppo_ref.adapters.step_mine import MineStep
 from ppo_ref.trainer.estimators import WholeMinibatch
 
@@ -235,3 +240,96 @@ def test_truncation_is_derived_from_each_kind_of_output() -> None:
         treated_as_truncated(BATCH, {"advantages_bootstrapped": booted})
     with pytest.raises(ValueError, match="result"):
         truncation_problems(BATCH, StepResult({}, 0.0))
+
+
+def test_length_penalty_is_dapos_soft_overlong_punishment() -> None:
+    """DAPO R_length with L_max 6, L_cache 2: 0 up to 4 tokens, -(|y| - 4) / 2 up to 6, -1 beyond."""
+    dapo = LengthPenalty(buffer=2, factor=1.0, source="DAPO R_length")
+    assert [dapo.penalty(n, 6) for n in range(1, 8)] == [0.0, 0.0, 0.0, 0.0, -0.5, -1.0, -1.0]
+    assert LengthPenalty(buffer=1, factor=0.5).penalty(6, 6) == -0.5
+    assert LengthPenalty(buffer=1).rewards(BATCH) == tuple(
+        s - (len(c) == BATCH.budget) for s, c in zip(BATCH.scores, BATCH.completions, strict=True)
+    )
+    for kwargs, argument in (({"buffer": 0}, "buffer"), ({"buffer": 1, "factor": 0.0}, "factor")):
+        with pytest.raises(ValueError, match=f"^{argument}:"):
+            LengthPenalty(**kwargs)
+    with pytest.raises(ValueError, match=r"^source:"):
+        LengthPenalty(buffer=1, source="")
+    with pytest.raises(ValueError, match=r"^budget:"):
+        dapo.penalty(1, 1)
+    with pytest.raises(ValueError, match=r"^convention:"):
+        zeros = StepResult({}, 0.0, outputs={"rewards": torch.zeros(8)})
+        truncation_problems(BATCH, zeros, None, 1)  # type: ignore[arg-type]
+
+
+class _LengthShaped:
+    """A library whose reward path adds DAPO's soft overlong punishment to each score, reading the
+    response length from the attention mask it receives (as verl's ``dapo`` reward manager does), and
+    whose runner declares that convention. ``eos_aware`` breaks it the stop-reason-aware way: the
+    penalty skips rows that end with EOS, which the declared formula does not."""
+
+    name = "length-shaped"
+    version = "0"
+    provenance = "tests/test_step_contract.py"
+    loss_modes = ("token-mean",)
+    micro_batch_local: Mapping[str, str] = MappingProxyType({})
+    truncation_convention = LengthPenalty(buffer=2, source="DAPO R_length (test library)")
+
+    def __init__(self, eos_aware: bool = False) -> None:
+        self.eos_aware = eos_aware
+
+    def run(self, batch: StepBatch, **kwargs: Any) -> StepResult:
+        raise NotImplementedError  # STEP-5 reads truncation_run
+
+    def truncation_run(self, batch: StepBatch) -> StepResult:
+        layout = padded(batch, response_width=batch.budget)
+        prompt = layout.prompt_ids.shape[1]
+        lengths = layout.attention_mask[:, prompt:].sum(dim=1).tolist()
+        ended = (layout.response_ids == batch.eos_id).any(dim=1).tolist()
+        rewards = []
+        for score, length, eos in zip(batch.scores, lengths, ended, strict=True):
+            start = batch.budget - 2
+            shaped = 0.0 if self.eos_aware and eos else min(-(length - start) / 2, 0.0)
+            rewards.append(score + shaped)
+        return StepResult({}, 0.0, outputs={"rewards": torch.tensor(rewards)})
+
+
+def test_step5_applies_a_declared_length_penalty_and_still_fails_an_eos_row_rewarded_otherwise() -> None:
+    """The suite's STEP-5 (``truncation_problems`` with the runner's declared convention): every row
+    rewarded score + DAPO's length penalty passes (row 0 ends with EOS on its 6th token and gets -1,
+    as the formula says); the same rewards fail without the declaration; a library that spares the
+    EOS-ended rows (stop-reason aware) while its runner declares the length-only formula fails, naming
+    the EOS rows rewarded otherwise (0 and 6: 6 tokens and 5 tokens with EOS)."""
+    runner = _LengthShaped()
+    assert step_problems(runner) == []
+    convention = truncation_convention(runner)
+    assert convention is runner.truncation_convention
+    result = runner.truncation_run(BATCH)
+    assert result.outputs["rewards"].tolist() == list(convention.rewards(BATCH))
+    assert treated_as_truncated(BATCH, result.outputs, convention) == (False,) * BATCH.size
+    assert truncation_problems(BATCH, result, None, convention) == []
+    plain = truncation_problems(BATCH, result)
+    assert len(plain) == 1 and "rows [0, 6] end with EOS" in plain[0], plain
+    broken = _LengthShaped(eos_aware=True)
+    problems = truncation_problems(BATCH, broken.truncation_run(BATCH), None, truncation_convention(broken))
+    assert len(problems) == 1 and "rows [0, 6] end with EOS" in problems[0], problems
+    assert "declared length penalty (DAPO R_length (test library); L_cache 2" in problems[0]
+    # a cut row penalised beyond the formula (a missing-EOS penalty) stays allowed; an EOS row does not
+    rewards = torch.tensor(convention.rewards(BATCH))
+    rewards[7] -= 1.0
+    assert (
+        truncation_problems(BATCH, StepResult({}, 0.0, outputs={"rewards": rewards}), None, convention) == []
+    )
+    rewards[5] -= 0.5
+    problems = truncation_problems(BATCH, StepResult({}, 0.0, outputs={"rewards": rewards}), None, convention)
+    assert len(problems) == 1 and "rows [5] end with EOS" in problems[0], problems
+
+
+def test_a_runner_declaring_something_else_is_named() -> None:
+    class _Bad(_LengthShaped):
+        truncation_convention = "DAPO"  # type: ignore[assignment]
+
+    assert any(p.startswith("truncation_convention:") for p in step_problems(_Bad()))
+    with pytest.raises(ValueError, match=r"^runner: truncation_convention"):
+        truncation_convention(_Bad())
+    assert truncation_convention(MineStep()) is None

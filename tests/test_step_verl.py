@@ -2,20 +2,24 @@
 
 ``pytest conformance/test_step_tier.py --impl=verl`` (the built-in step runner of the ``verl`` adapter,
 ``ppo_ref.adapters.thirdparty.verl_step``: ``RayPPOTrainer._compute_old_log_prob`` and ``_update_actor``
-through ``TrainingWorker`` and the FSDP2 engine on a gloo group of one, every ``loss_agg_mode``). The
-failing tests are exactly those the findings of ``docs/findings-family.md`` explain (verl-step-norm-width:
-STEP-3 for ``seq-mean-token-sum-norm``; verl-step-overlong-eos: STEP-5): a fix upstream, or a
+through ``TrainingWorker`` and the FSDP2 engine on a gloo group of one, every ``loss_agg_mode``; rewards
+through the trainer's reward path, ``RewardLoopWorker`` and the reward_loop ``dapo`` manager). The
+failing tests are exactly those the finding verl-step-norm-width of ``docs/findings-family.md`` explains
+(STEP-3 for ``seq-mean-token-sum-norm``); STEP-5 passes under the runner's declared convention (DAPO's
+length-only overlong penalty, verl-step-overlong-eos), which the suite applies: a fix upstream, or a
 regression of the runner, shows up here. Skipped where the environment is missing
 (``python tools/thirdparty_envs.py verl``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +29,6 @@ REPO = Path(__file__).resolve().parents[1]
 EXPECTED_FAILURES = {
     "test_step3_extra_completion_padding",
     "test_step3_extra_prompt_padding",
-    "test_step5_only_rows_cut_at_the_budget_are_truncated",
 }
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
@@ -76,6 +79,25 @@ for kwargs in ({"loss_mode": "bnpo"}, {"loss_mode": "token-mean", "micro_batches
     except ValueError as error:
         errors.append(str(error).split(":")[0])
 out["errors"] = errors
+# STEP-5's rewards come from the reward path verl's trainer uses, never from the legacy manager
+import verl.experimental.reward_loop.reward_manager.dapo as loop_dapo
+import verl.workers.reward_manager.dapo as legacy_dapo
+from ppo_ref.adapters.step import treated_as_truncated, truncation_problems
+calls = []
+run_single = loop_dapo.DAPORewardManager.run_single
+async def counted(self, data):
+    calls.append(int(data.batch["attention_mask"][0, -data.batch["responses"].shape[-1]:].sum()))
+    return await run_single(self, data)
+def legacy(*args, **kwargs):
+    raise AssertionError("the legacy workers.reward_manager.dapo manager was called")
+loop_dapo.DAPORewardManager.run_single = counted
+legacy_dapo.DAPORewardManager.__call__ = legacy
+probe = VerlStep()
+shaped = probe.truncation_run(batch)
+out["reward_loop_lengths"] = list(calls)  # this run only
+out["shaped_rewards"] = [round(x, 6) for x in shaped.outputs["rewards"].tolist()]
+out["plain_rows"] = list(treated_as_truncated(batch, shaped.outputs))
+out["declared_problems"] = truncation_problems(batch, shaped, None, probe.truncation_convention)
 import torch
 from transformers import Qwen2ForCausalLM
 runner = VerlStep()
@@ -101,6 +123,18 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@functools.lru_cache(maxsize=1)
+def _checked() -> dict[str, Any]:
+    """CHECK's measurements (one verl process for both tests below)."""
+    done = subprocess.run(
+        [str(_python()), "-c", CHECK], cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=600
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(line[len("RESULT") :])
+    return result
+
+
 def test_verl_step_gradient_and_constant_normaliser() -> None:
     """verl's step-0 token-mean gradient is ``-(1/N) sum A_t grad logp_t`` and its seq-mean-token-mean
     gradient ``-(1/B) sum_i mean_t A_i grad logp_t``, computed here independently on the same model
@@ -108,15 +142,22 @@ def test_verl_step_gradient_and_constant_normaliser() -> None:
     ``actor.loss_scale_factor`` set to the budget (verl's documented remedy), extra completion columns
     leave the ``seq-mean-token-sum-norm`` gradient unchanged, and it equals the default's at the width
     verl's rollout pads to (``rollout.response_length`` = the budget)."""
-    done = subprocess.run(
-        [str(_python()), "-c", CHECK], cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=600
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
-    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
-    result = json.loads(line[len("RESULT") :])
+    result = _checked()
     assert result["constant_normaliser"] < 1e-5, result
     assert result["constant_equals_default_at_budget_width"] < 1e-6, result
     assert result["sgd_step"] == 1.0, result
     assert result["errors"] == ["loss_mode", "micro_batches"], result
     assert result["independent_token-mean"] < 1e-5, result
     assert result["independent_seq-mean-token-mean"] < 1e-5, result
+
+
+def test_verl_overlong_penalty_goes_through_the_reward_loop_and_is_length_only() -> None:
+    """Rows reach the reward_loop ``DAPORewardManager.run_single`` (the trainer's path) with their
+    lengths, EOS counted; with L_max 6 and L_cache 1 every row of 6 tokens loses 1, the EOS-ended row
+    0 as the cut rows 2 and 7 (DAPO R_length, length only); STEP-5 passes only under the declared
+    convention and names row 0 without it."""
+    result = _checked()
+    assert sorted(result["reward_loop_lengths"]) == sorted([6, 2, 6, 4, 1, 4, 5, 6]), result
+    assert result["shaped_rewards"] == [0.0, 0.0, -0.5, -1.0, 0.25, 1.5, -0.5, -1.0], result
+    assert result["plain_rows"] == [True, False, True, False, False, False, False, True], result
+    assert result["declared_problems"] == [], result

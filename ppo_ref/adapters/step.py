@@ -45,6 +45,7 @@ __all__ = [
     "STEP_STATISTICS",
     "SUITE_BUDGET",
     "SUITE_PROMPT_LENGTH",
+    "LengthPenalty",
     "StepBatch",
     "StepResult",
     "StepRunner",
@@ -53,6 +54,7 @@ __all__ = [
     "step_problems",
     "step_runner",
     "treated_as_truncated",
+    "truncation_convention",
     "truncation_problems",
 ]
 
@@ -93,6 +95,66 @@ OUTPUTS: Mapping[str, str] = {
 }
 """The library's own per-row outputs a :class:`StepResult` may carry (rows in batch order), from
 which STEP-5 derives the rows the library treated as truncated (:func:`treated_as_truncated`)."""
+
+
+@dataclass(frozen=True)
+class LengthPenalty:
+    """A declared STEP-5 convention: the library adds to each row's reward a penalty that depends on
+    the row's length only, the soft overlong punishment of DAPO (Yu et al. 2025, "DAPO: an open-source
+    LLM reinforcement learning system at scale", Sec. 3.4 "Overlong Reward Shaping", the soft
+    overlong punishment R_length(y))::
+
+        R_length(|y|) = 0                                   if |y| <= L_max - L_cache
+                        ((L_max - L_cache) - |y|) / L_cache  if L_max - L_cache < |y| <= L_max
+                        -1                                  if |y| > L_max
+
+    times ``factor``, with ``L_cache`` = ``buffer`` and ``L_max`` = the batch's token budget (the
+    runner sets the library's maximum response length to it). The formula reads ``|y|`` alone, as
+    the paper writes it: a response ending with EOS on its ``L_max``-th token gets the same -1 as one
+    cut there. A runner declaring it (attribute ``truncation_convention``) has STEP-5 expect every
+    row's reward to be its score plus this penalty (:meth:`rewards`); a row rewarded otherwise is
+    treated as truncated, which only a row cut at the budget may be.
+
+    Attributes:
+        buffer: ``L_cache`` (>= 1 token).
+        factor: the penalty's scale (> 0; the paper's is 1).
+        source: where the library implements it and the paper's equation (shown in the verdict).
+
+    Example: budget 6, buffer 1: ``penalty(6, 6) == -1.0``, ``penalty(5, 6) == 0.0``.
+    """
+
+    buffer: int
+    factor: float = 1.0
+    source: str = "DAPO (Yu et al. 2025) Sec. 3.4, soft overlong punishment"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.buffer, int) or isinstance(self.buffer, bool) or self.buffer < 1:
+            raise ValueError(f"buffer: expected an int >= 1 (L_cache), got {self.buffer!r}")
+        if not isinstance(self.factor, (int, float)) or not math.isfinite(self.factor) or self.factor <= 0:
+            raise ValueError(f"factor: expected a finite number > 0, got {self.factor!r}")
+        if not isinstance(self.source, str) or not self.source:
+            raise ValueError(f"source: expected a non-empty str, got {self.source!r}")
+
+    def penalty(self, length: int, budget: int) -> float:
+        """``factor * R_length(length)`` with ``L_max`` = ``budget``."""
+        if not isinstance(budget, int) or budget < self.buffer:
+            raise ValueError(f"budget: expected an int >= the buffer {self.buffer}, got {budget!r}")
+        if not isinstance(length, int) or length < 0:
+            raise ValueError(f"length: expected an int >= 0, got {length!r}")
+        start = budget - self.buffer
+        if length <= start:
+            return 0.0
+        if length <= budget:
+            return self.factor * (start - length) / self.buffer
+        return -self.factor
+
+    def rewards(self, batch: StepBatch) -> tuple[float, ...]:
+        """(B,) each row's expected reward under the convention: its score plus the penalty of its
+        length (EOS included), ``L_max`` = ``batch.budget``."""
+        return tuple(
+            score + self.penalty(len(row), batch.budget)
+            for score, row in zip(batch.scores, batch.completions, strict=True)
+        )
 
 
 def _check_ids(name: str, rows: tuple[tuple[int, ...], ...], vocab_size: int) -> None:
@@ -225,7 +287,10 @@ class StepRunner(Protocol):
     method (a run with the library's truncation handling switched on, e.g. TRL's
     ``mask_truncated_completions``; its gradient may be empty), else those of ``run(batch,
     loss_mode=loss_modes[0])``. A runner may still say which rows it believes truncated
-    (``truncated_rows(batch)``): the claim is only cross-checked against the measurement.
+    (``truncated_rows(batch)``): the claim is only cross-checked against the measurement. A runner
+    whose library shapes the reward by length alone, as a paper prescribes, declares it in the
+    optional attribute ``truncation_convention`` (a :class:`LengthPenalty`): STEP-5 then expects
+    every row's reward to be its score plus that penalty (:func:`truncation_problems`).
     """
 
     @property
@@ -276,7 +341,18 @@ def step_problems(runner: object) -> list[str]:
     for method in ("truncation_run", "truncated_rows"):  # optional
         if getattr(runner, method, None) is not None and not callable(getattr(runner, method)):
             problems.append(f"{method}: expected a method or nothing")
+    convention = getattr(runner, "truncation_convention", None)  # optional
+    if convention is not None and not isinstance(convention, LengthPenalty):
+        problems.append(f"truncation_convention: expected a LengthPenalty or None, got {convention!r}")
     return problems
+
+
+def truncation_convention(runner: object) -> LengthPenalty | None:
+    """The STEP-5 convention ``runner`` declares (its ``truncation_convention`` attribute), or None."""
+    convention = getattr(runner, "truncation_convention", None)
+    if convention is not None and not isinstance(convention, LengthPenalty):
+        raise ValueError(f"runner: truncation_convention must be a LengthPenalty or None, got {convention!r}")
+    return convention
 
 
 def step_runner(adapter: object) -> StepRunner | None:
@@ -313,10 +389,13 @@ def gradient_difference(first: StepResult, second: StepResult) -> tuple[float, f
     return diff, scale
 
 
-def treated_as_truncated(batch: StepBatch, outputs: Mapping[str, Tensor]) -> tuple[bool, ...] | None:
+def treated_as_truncated(
+    batch: StepBatch, outputs: Mapping[str, Tensor], convention: LengthPenalty | None = None
+) -> tuple[bool, ...] | None:
     """(B,) the rows the library treated as truncated, derived from its own ``outputs``
     (:data:`OUTPUTS`: masked entirely, rewarded other than their score, or bootstrapped); None
-    when ``outputs`` hold none of them.
+    when ``outputs`` hold none of them. With a declared ``convention`` a row's expected reward is
+    its score plus the convention's length penalty (:meth:`LengthPenalty.rewards`), not its score.
 
     Example: scores (1, 0) and the library's rewards (1, -1): row 1 was penalised, ``(False, True)``.
     """
@@ -340,7 +419,8 @@ def treated_as_truncated(batch: StepBatch, outputs: Mapping[str, Tensor]) -> tup
         measured = True
     if "rewards" in outputs:
         rewards = values("rewards", 1).tolist()
-        for i, (got, score) in enumerate(zip(rewards, batch.scores, strict=True)):
+        expected = batch.scores if convention is None else convention.rewards(batch)
+        for i, (got, score) in enumerate(zip(rewards, expected, strict=True)):
             found[i] = found[i] or abs(got - score) > 1e-6 * max(1.0, abs(score))
         measured = True
     if "advantages_bootstrapped" in outputs:
@@ -356,25 +436,45 @@ def treated_as_truncated(batch: StepBatch, outputs: Mapping[str, Tensor]) -> tup
 
 
 def truncation_problems(
-    batch: StepBatch, result: StepResult, claimed: tuple[bool, ...] | None = None
+    batch: StepBatch,
+    result: StepResult,
+    claimed: tuple[bool, ...] | None = None,
+    convention: LengthPenalty | None = None,
 ) -> list[str]:
     """STEP-5's verdict: what is wrong with the rows the library treated as truncated (measured from
     ``result.outputs``), which must be exactly the rows without EOS; and with a runner's ``claimed``
     rows, which must equal the measurement. Empty: nothing. Raises ValueError when ``result`` has
-    no output to measure from."""
-    measured = treated_as_truncated(batch, result.outputs)
+    no output to measure from.
+
+    With a declared ``convention`` (a length-only reward penalty, :class:`LengthPenalty`) the
+    rewards are measured against score plus that penalty for every row, EOS-ended or cut: a row so
+    rewarded is not treated as truncated (the penalty already reaches the rows cut at the budget,
+    whose length is the budget), and the rows measured as treated must be rows without EOS (a cut
+    row may be penalised further; an EOS-ended row rewarded other than the formula fails)."""
+    if convention is not None and not isinstance(convention, LengthPenalty):
+        raise ValueError(f"convention: expected a LengthPenalty or None, got {convention!r}")
+    measured = treated_as_truncated(batch, result.outputs, convention)
     if measured is None:
         raise ValueError(
             f"result: its outputs hold none of {tuple(OUTPUTS)}; nothing to measure truncation from"
         )
     problems = []
-    if measured != batch.truncated:
-        wrong = [i for i, (m, t) in enumerate(zip(measured, batch.truncated, strict=True)) if m != t]
+    expected = batch.truncated
+    if convention is not None:  # under the convention a cut row may, but need not, be treated further
+        expected = tuple(m and t for m, t in zip(measured, batch.truncated, strict=True))
+    if measured != expected:
+        wrong = [i for i, (m, t) in enumerate(zip(measured, expected, strict=True)) if m != t]
         ended = [i for i in wrong if not batch.truncated[i]]
         problems.append(
-            f"rows treated as truncated {measured}, expected {batch.truncated}"
+            f"rows treated as truncated {measured}, expected {expected}"
             + (f" (rows {ended} end with EOS)" if ended else "")
             + f", measured from the library's {', '.join(sorted(set(result.outputs) & set(OUTPUTS)))}"
+            + (
+                ""
+                if convention is None
+                else f" against score + the declared length penalty ({convention.source}; L_cache "
+                f"{convention.buffer}, L_max the budget {batch.budget})"
+            )
         )
     if claimed is not None and tuple(claimed) != measured:
         problems.append(

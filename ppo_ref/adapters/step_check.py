@@ -42,6 +42,7 @@ from ppo_ref.adapters.step import (
     StepRunner,
     example_batch,
     gradient_difference,
+    truncation_convention,
     truncation_problems,
 )
 
@@ -330,18 +331,29 @@ def _clauses(
     )
     probe = getattr(runner, "truncation_run", None)
     result = probe(batch) if probe is not None else base
-    problems = truncation_problems(batch, result)
+    convention = truncation_convention(runner)
+    problems = truncation_problems(batch, result, convention=convention)
     if problems and probe is not None:
         problems[-1] += " with the library's truncation handling switched on (the runner's truncation_run)"
-    out.append(
-        ClauseCheck(
-            "STEP-5",
-            "FAIL" if problems else "pass",
-            "; ".join(problems)
-            if problems
-            else "only the rows cut at the budget are treated as truncated, not the EOS-ended row filling it",
+    if problems:
+        out.append(ClauseCheck("STEP-5", "FAIL", "; ".join(problems)))
+    elif convention is not None and truncation_problems(batch, result):
+        out.append(
+            ClauseCheck(
+                "STEP-5",
+                "declared convention",
+                f"every row's reward is its score plus a penalty of its length alone, EOS-ended or cut "
+                f"({convention.source}; L_cache {convention.buffer}, L_max the budget {batch.budget})",
+            )
         )
-    )
+    else:
+        out.append(
+            ClauseCheck(
+                "STEP-5",
+                "pass",
+                "only the rows cut at the budget are treated as truncated, not the EOS-ended row filling it",
+            )
+        )
     return out
 
 

@@ -4,9 +4,16 @@ Every run goes through verl's own trainer code, in this process, on the CPU:
 
 - the rollout batch is laid out as verl's agent loop hands it to the trainer (``DataProto`` with
   left-padded ``prompts``, right-padded ``responses``, ``attention_mask``, ``position_ids`` from
-  ``verl.utils.model.compute_position_id_with_mask``, ``uid``); the scores are placed on each row's
-  last response token by verl's ``DAPORewardManager`` (overlong buffer off: the naive manager's
-  placement) and turned into group advantages by ``ray_trainer.compute_advantage`` (GRPO);
+  ``verl.utils.model.compute_position_id_with_mask``, ``uid``); the scores go through the reward path
+  verl 0.9.1's trainer uses (``RayPPOTrainer`` builds a ``RewardLoopManager``, whose
+  ``RewardLoopWorker`` runs ``load_reward_manager`` and the registered
+  ``verl.experimental.reward_loop`` manager's ``run_single`` per row, then ``assemble_rm_scores``
+  places each score on the row's last response token and ``extract_reward`` reads ``rm_scores``):
+  the ``dapo`` manager, its overlong buffer off in :meth:`VerlStep.run` and on in
+  :meth:`VerlStep.truncation_run`, with the batch's scores supplied through verl's
+  ``reward.custom_reward_function`` (a file in the runner's temporary directory, the user's
+  extension point), on verl's own trainer config (``trainer/config/_generated_ppo_trainer.yaml``);
+  then turned into group advantages by ``ray_trainer.compute_advantage`` (GRPO);
 - the old log-probs come from ``RayPPOTrainer._compute_old_log_prob`` (one forward of the whole
   batch: ``infer_micro_batch_size_per_gpu`` = B, whatever the update's split) and the update from
   ``RayPPOTrainer._update_actor`` (both called with this runner as their worker group), which run
@@ -23,10 +30,20 @@ Every run goes through verl's own trainer code, in this process, on the CPU:
   load: verl's ``apply_monkey_patch`` reads ``num_key_value_heads``). A rotary model does not see a
   uniform shift of positions, but verl passes position ids (``cumsum(mask) - 1``) in any case.
 
-Two things stand in for the hardware verl expects, through verl's own extension points: a CPU
-platform registered with ``verl.plugin.platform.platform_manager.set_platform`` (verl ships CUDA,
-NPU and ROCm platforms only) and ``VERL_ENGINE_DEVICE=cuda`` (read by ``EngineRegistry.get_engine_cls``)
-so the FSDP engine registered for CUDA is chosen. Neither changes the loss or its normalisation.
+Stand-ins (also listed in ``provenance``): a CPU platform registered with
+``verl.plugin.platform.platform_manager.set_platform`` (verl ships CUDA, NPU and ROCm platforms only)
+and ``VERL_ENGINE_DEVICE=cuda`` (read by ``EngineRegistry.get_engine_cls``) so the FSDP engine
+registered for CUDA is chosen, both verl's own extension points; this runner as the actor worker
+group (its ``compute_log_prob`` / ``update_actor`` call ``TrainingWorker`` in this process, not through
+Ray); the ``RewardLoopWorker``'s ``compute_score_batch`` awaited in this process instead of as a Ray
+actor (``RewardLoopManager.compute_rm_score`` does the same per chunk, through ``ray.get``). None of
+them changes a reward, the loss or its normalisation.
+
+STEP-5 convention (:data:`TRUNCATION_CONVENTION`): verl's only truncation-dependent handling is the
+``dapo`` manager's soft overlong penalty, which reads the response length alone, exactly as DAPO's
+equation is written (Yu et al. 2025, Sec. 3.4, R_length(y): ``|y| = L_max`` gives -1 whether the
+response ended with EOS there or was cut); the runner declares it, and STEP-5 expects every row's
+reward to be its score plus that penalty.
 
 Statistics: ``max_abs_log_ratio`` over the loss's micro-batches (read from the ``model_output``
 and ``old_log_probs`` that ``ppo_loss`` receives), ``clipfrac`` = verl's logged
@@ -45,10 +62,10 @@ from typing import Any
 
 import torch
 
-from ppo_ref.adapters.step import StepBatch, StepResult
+from ppo_ref.adapters.step import LengthPenalty, StepBatch, StepResult
 from ppo_ref.adapters.step_kit import check_run, gradient_of, padded, save_tiny, step_result, tiny_config
 
-__all__ = ["LOSS_MODES", "VerlStep", "VerlStepAdapter", "make_adapter", "make_step"]
+__all__ = ["LOSS_MODES", "TRUNCATION_CONVENTION", "VerlStep", "VerlStepAdapter", "make_adapter", "make_step"]
 
 LOSS_MODES: tuple[str, ...] = (
     "token-mean",
@@ -61,8 +78,25 @@ LOSS_MODES: tuple[str, ...] = (
 valid_loss_agg_modes)."""
 
 OVERLONG_BUFFER = 1
-"""``reward_model.overlong_buffer.len`` for :meth:`VerlStep.truncated_rows`: the soft overlong
-penalty then reaches exactly the rows of ``budget`` tokens."""
+"""``overlong_buffer_cfg.len`` (DAPO's ``L_cache``) in :meth:`VerlStep.truncation_run`, with
+``max_resp_len`` the budget and ``penalty_factor`` 1: the soft overlong penalty then reaches exactly
+the rows of ``budget`` tokens, with -1."""
+
+TRUNCATION_CONVENTION = LengthPenalty(
+    buffer=OVERLONG_BUFFER,
+    factor=1.0,
+    source="DAPO's soft overlong punishment (Yu et al. 2025, Sec. 3.4, R_length(y)), length only, as "
+    "verl 0.9.1's experimental/reward_loop/reward_manager/dapo.py DAPORewardManager.run_single computes it",
+)
+"""The STEP-5 convention this runner declares: the overlong penalty of :meth:`VerlStep.truncation_run`
+(``L_cache`` = :data:`OVERLONG_BUFFER`, ``L_max`` = the budget, factor 1)."""
+
+SCORE_FILE = """def compute_score(data_source, solution_str, ground_truth, extra_info=None, scores=()):
+    # the step batch's score of this row (ground_truth holds the row's index)
+    return float(scores[int(ground_truth)])
+"""
+"""The ``reward.custom_reward_function`` file the runner writes: verl calls it with the
+``custom_reward_function.reward_kwargs`` (the batch's scores) merged in."""
 
 
 def _cpu_platform() -> Any:
@@ -173,13 +207,19 @@ class VerlStep:
     name = "verl"
     loss_modes = LOSS_MODES
     micro_batch_local: Mapping[str, str] = MappingProxyType({})
+    truncation_convention = TRUNCATION_CONVENTION
     provenance = (
         "verl RayPPOTrainer._compute_old_log_prob and _update_actor (left_right_2_no_padding, "
         "TrainingWorker.infer_batch/train_mini_batch/train_batch, FSDPEngine.forward_backward_batch with "
         "prepare_micro_batches, forward_step, workers/utils/losses.ppo_loss -> vanilla policy loss + "
-        "agg_loss(global batch info)); rewards placed by DAPORewardManager, advantages by "
-        "ray_trainer.compute_advantage (GRPO); FSDP2 engine on a gloo group of 1; gradient read at "
-        "optimizer_step"
+        "agg_loss(global batch info)); rewards by the trainer's reward path: "
+        "experimental.reward_loop.RewardLoopWorker (load_reward_manager -> the registered 'dapo' "
+        "reward_loop DAPORewardManager.run_single, scores from reward.custom_reward_function) and "
+        "assemble_rm_scores -> rm_scores -> extract_reward (outputs 'rewards': rm_scores summed per row), "
+        "advantages by ray_trainer.compute_advantage (GRPO); FSDP2 engine on a gloo group of 1; gradient "
+        "read at optimizer_step. Stand-ins: a CPU platform (platform_manager.set_platform) and "
+        "VERL_ENGINE_DEVICE=cuda; the runner as the actor worker group (TrainingWorker in process, no Ray); "
+        "RewardLoopWorker.compute_score_batch awaited in process (not a Ray actor)"
     )
 
     def __init__(
@@ -308,25 +348,53 @@ class VerlStep:
         )
         return data
 
+    def _reward_config(self, batch: StepBatch, overlong: bool) -> Any:
+        """verl's trainer config (``_generated_ppo_trainer.yaml``) with the ``dapo`` reward manager,
+        the runner's model as the tokenizer, the scores' ``custom_reward_function`` and DAPO's
+        ``reward_kwargs`` (``overlong_buffer_cfg`` on when ``overlong``, ``max_resp_len`` the budget),
+        set as a DAPO recipe sets them (``+reward.reward_kwargs...``)."""
+        OmegaConf = importlib.import_module("omegaconf").OmegaConf
+        open_dict = importlib.import_module("omegaconf").open_dict
+        verl_dir = os.path.dirname(str(importlib.import_module("verl").__file__))
+        config = OmegaConf.load(os.path.join(verl_dir, "trainer", "config", "_generated_ppo_trainer.yaml"))
+        score_file = os.path.join(self._dir, "step_scores.py")
+        if not os.path.exists(score_file):
+            with open(score_file, "w", encoding="utf-8") as handle:
+                handle.write(SCORE_FILE)
+        with open_dict(config):
+            config.actor_rollout_ref.model.path = self._model_path(batch.vocab_size)
+            config.reward.num_workers = 1
+            config.reward.reward_manager.name = "dapo"
+            config.reward.custom_reward_function.path = score_file
+            config.reward.custom_reward_function.name = "compute_score"
+            config.reward.custom_reward_function.reward_kwargs = {"scores": [float(s) for s in batch.scores]}
+            config.reward.reward_kwargs = {
+                "max_resp_len": batch.budget,
+                "overlong_buffer_cfg": {
+                    "enable": overlong,
+                    "len": TRUNCATION_CONVENTION.buffer,
+                    "penalty_factor": TRUNCATION_CONVENTION.factor,
+                    "log": False,
+                },
+            }
+        return config
+
     def _rewards(self, batch: StepBatch, data: Any, overlong: bool) -> Any:
-        """``token_level_scores`` from verl's ``DAPORewardManager`` (the batch's scores through a
-        ``compute_score`` lookup; its soft overlong penalty on when ``overlong``)."""
-        from transformers import PreTrainedTokenizerFast
+        """``rm_scores`` as verl's trainer reads them (``extract_reward``): every row through the
+        ``RewardLoopWorker`` of ``RewardLoopManager`` (``compute_score_batch`` -> ``compute_score`` ->
+        the reward_loop ``DAPORewardManager.run_single``) and ``assemble_rm_scores``."""
+        reward_loop = importlib.import_module("verl.experimental.reward_loop.reward_loop")
+        reward = importlib.import_module("verl.trainer.ppo.reward")
 
-        DAPORewardManager = importlib.import_module("verl.workers.reward_manager.dapo").DAPORewardManager
-
-        def score(data_source: str, solution_str: str, ground_truth: str, extra_info: Any = None) -> float:
-            return float(batch.scores[int(ground_truth)])
-
-        overlong_cfg = SimpleNamespace(enable=overlong, len=OVERLONG_BUFFER, penalty_factor=1.0, log=False)
-        manager = DAPORewardManager(
-            tokenizer=PreTrainedTokenizerFast.from_pretrained(self._model_path(batch.vocab_size)),
-            num_examine=0,
-            compute_score=score,
-            max_resp_len=batch.budget,
-            overlong_buffer_cfg=overlong_cfg,
-        )
-        return manager(data)
+        config = self._reward_config(batch, overlong)
+        worker = reward_loop.RewardLoopWorker(config)  # RewardLoopManager: ray.remote(RewardLoopWorker)
+        outputs = worker.loop.run_until_complete(worker.compute_score_batch(data))
+        scores = [item["reward_score"] for item in outputs]
+        rm_scores = reward.resolve_reward_manager_cls(config).assemble_rm_scores(data, scores)
+        scored = data.select(batch_keys=["responses"])
+        scored.batch["rm_scores"] = rm_scores
+        reward_tensor, _ = reward.extract_reward(scored)
+        return reward_tensor
 
     # --- the step ---
 
@@ -432,11 +500,12 @@ class VerlStep:
         return step_result(record["gradient"], record["losses"], stats, outputs)
 
     def truncation_run(self, batch: StepBatch) -> StepResult:
-        """The rewards of verl's ``DAPORewardManager`` with ``overlong_buffer`` on (``len`` =
-        :data:`OVERLONG_BUFFER`, ``max_resp_len`` = the budget): a row it penalises as over-long
-        (reward below its score) is treated as truncated. verl's only truncation-dependent handling:
-        its GAE never bootstraps (``compute_gae_advantage_return`` ends every row with next value 0)
-        and the default reward managers add no missing-EOS penalty. No gradient."""
+        """The rewards of verl's trainer reward path (the reward_loop ``dapo`` manager) with
+        ``overlong_buffer_cfg`` on (``len`` = :data:`OVERLONG_BUFFER`, ``max_resp_len`` = the
+        budget, ``penalty_factor`` 1), which STEP-5 measures against score + the declared
+        :data:`TRUNCATION_CONVENTION`. verl's only truncation-dependent handling: its GAE never
+        bootstraps (``compute_gae_advantage_return`` ends every row with next value 0) and the
+        default reward managers add no missing-EOS penalty. No gradient."""
         if not isinstance(batch, StepBatch):
             raise ValueError(f"batch: expected a StepBatch, got {type(batch).__name__}")
         data = self._rollout(batch, None, None)

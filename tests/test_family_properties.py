@@ -626,3 +626,23 @@ def test_reinforce_pp_baseline_is_score_minus_group_mean_whitened(
     expected = oracles.masked_whiten(torch.tensor(want, dtype=torch.float64), mask)
     spread = math.sqrt(oracles.masked_var(torch.tensor(want, dtype=torch.float64), mask) + 1e-8)
     oracles.assert_close_to_oracle(whitened, expected, batch.scores.dtype, scale=5.0 / spread)
+
+
+@pytest.mark.clause("GSPO-3")
+def test_gspo_clipfrac_over_tokens_weighs_each_clipped_sequence_by_its_tokens() -> None:
+    """``gspo_clipfrac='tokens'`` (the GSPO paper's statistic; verl, OpenRLHF): the rows of the hand
+    case GSPO-3/statistics have 2, 1 and 2 action tokens and the first two are clipped (s = e^0.4
+    above 1.2 with A = 1; s = e^-0.4 below 0.8 with A = -1): 3 of 5 tokens, where the reference counts
+    2 of 3 sequences; the loss is the reference's. With ``approx_kl='k1'`` declared, GSPO-3's
+    approx_kl is PG-5's k1: mean(old - new) over the 5 tokens = -(0.3 + 0.5 - 0.4 + 0 + 0.2) / 5."""
+    logp = torch.tensor([[0.3, 0.5], [-0.4, 0.0], [0.0, 0.2]], dtype=torch.float64)
+    old_logp = torch.zeros_like(logp)
+    advantages = torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    reference = ppo_ref.gspo_loss(logp, old_logp, advantages, mask, 0.2)
+    variant = ReferenceVariant(parse_conventions({"gspo_clipfrac": "tokens", "approx_kl": "k1"}))
+    tokens = variant.gspo_loss(logp, old_logp, advantages, mask, 0.2)
+    assert float(reference.clipfrac) == pytest.approx(2 / 3)
+    assert float(tokens.clipfrac) == pytest.approx(3 / 5)
+    assert float(tokens.loss) == float(reference.loss)
+    assert tokens.approx_kl is not None and float(tokens.approx_kl) == pytest.approx(-0.6 / 5)

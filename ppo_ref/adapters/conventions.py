@@ -57,6 +57,7 @@ __all__ = [
     "GROUP_METHODS",
     "GROUP_SINGLETONS",
     "GROUP_STD_SCOPES",
+    "GSPO_CLIPFRACS",
     "INFERABLE",
     "KL_ESTIMATORS",
     "KL_LOSS_ESTIMATORS",
@@ -69,6 +70,7 @@ __all__ = [
     "ConventionError",
     "ConventionSet",
     "ReferenceVariant",
+    "VariantGSPOLoss",
     "VariantPolicyLoss",
     "constant_group_bound",
     "convention_problems",
@@ -96,6 +98,7 @@ GROUP_STD_SCOPES: tuple[str, ...] = ("group", "batch", "none")
 GROUP_SINGLETONS: tuple[str, ...] = ("zero", "raw-score", "unguarded")
 CONSTANT_GROUPS: tuple[str, ...] = ("exact", "rounding")
 CISPO_BOUNDS: tuple[str, ...] = ("offsets", "absolute-cap")
+GSPO_CLIPFRACS: tuple[str, ...] = ("sequences", "tokens")
 KL_LOSS_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "k3+")
 CORRECTION_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-geometric")
 CORRECTION_MODES: tuple[str, ...] = ("truncate", "mask")
@@ -450,7 +453,7 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 "k1: verl ppo_kl, OpenRLHF ppo_kl, torchrl kl_approx; k2: TRL approxkl; neg-k1: "
                 "a library outside the matrix met by the issue-11 trial adapters (mean log-ratio)",
                 _choice("k3", "k1", "neg-k1", "k2", None),
-                _static("PG-5"),
+                _static("PG-5", "GSPO-3"),
             ),
             Convention(
                 "unmasked_statistics",
@@ -631,6 +634,20 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 "(clamp(max=epsilon_high))",
                 _choice(*CISPO_BOUNDS),
                 _static("CISPO-1", "CISPO-2"),
+            ),
+            Convention(
+                "gspo_clipfrac",
+                "sequences",
+                "'sequences' or 'tokens'",
+                "what gspo_loss's clipfrac counts: the share of sequences on the flat branch "
+                "(sequences), or the share of action tokens in them (tokens: the statistic the GSPO "
+                "paper reports, Zheng et al. 2025, arXiv 2507.18071 section 5.3 and Fig. 4, 'fractions "
+                "of clipped tokens'); the loss is the same",
+                "tokens: verl compute_policy_loss_gspo (actor/pg_clipfrac = masked_mean over tokens), "
+                "OpenRLHF PolicyLoss policy_loss_type='gspo' (ppo_clip_ratio = masked_mean(surr2 < "
+                "surr1) over tokens)",
+                _choice(*GSPO_CLIPFRACS),
+                _static("GSPO-3"),
             ),
             Convention(
                 "kl_loss_estimators",
@@ -918,6 +935,7 @@ INFERABLE: Mapping[str, Inferable] = MappingProxyType(
             ("raw-score", "unguarded", {"grpo": "raw-score", "dr_grpo": "raw-score"}, {"rloo": "unguarded"}),
         ),
         "cispo_bounds": Inferable(("cispo_loss",), ("absolute-cap",)),
+        "gspo_clipfrac": Inferable(("gspo_loss",), ("tokens",)),
     }
 )
 """The keys that change expected values, with the values tried for each (issue 20). The others are
@@ -983,6 +1001,7 @@ class ConventionSet:
     group_singleton: str | Mapping[str, str] = _reference("group_singleton")
     constant_groups: str = _reference("constant_groups")
     cispo_bounds: str = _reference("cispo_bounds")
+    gspo_clipfrac: str = _reference("gspo_clipfrac")
     kl_loss_estimators: frozenset[str] = _reference("kl_loss_estimators")
     correction_levels: frozenset[str] = _reference("correction_levels")
     correction_modes: frozenset[str] = _reference("correction_modes")
@@ -1095,6 +1114,17 @@ class VariantPolicyLoss:
     ratio_mean: Tensor
     ratio_max: Tensor
     dual_clip_frac: Tensor
+
+
+@dataclass(frozen=True)
+class VariantGSPOLoss:
+    """What :meth:`ReferenceVariant.gspo_loss` returns (``approx_kl`` None: declared not reported)."""
+
+    loss: Tensor
+    clipfrac: Tensor
+    ratio_mean: Tensor
+    ratio_max: Tensor
+    approx_kl: Tensor | None
 
 
 def singleton_rows(group_ids: Tensor) -> Tensor:
@@ -1249,14 +1279,10 @@ class ReferenceVariant:
         raw = c.log_ratio_clamp is not None and c.log_ratio_clamp_statistics == "raw"
         if c.approx_kl == "k3" and not raw:
             approx_kl = result.approx_kl
-        elif c.approx_kl is not None:  # k1: mean(old - new); k2: 0.5 mean((new - old)^2); k3
+        elif c.approx_kl is not None:
             if raw:  # the statistic reads the unclamped log-ratio (log_ratio_clamp_statistics)
                 logp = torch.where(keep, raw_logp, old_logp)
-            # kl_penalty(a, b, k) estimates from b - a: k1 old - new, neg-k1 new - old
-            first, second = (logp, old_logp) if c.approx_kl in ("k2", "neg-k1") else (old_logp, logp)
-            estimator = "k1" if c.approx_kl == "neg-k1" else c.approx_kl
-            per_token = ppo_ref.kl_penalty(first.detach(), second.detach(), estimator, mask=keep)
-            approx_kl = ppo_ref.masked_mean(per_token, keep)
+            approx_kl = self._approx_kl(logp, old_logp, keep)
         dilution = keep.sum() / max(keep.numel(), 1)
         if clipfrac is not None and "clipfrac" in c.unmasked_statistics:
             clipfrac = clipfrac * dilution
@@ -1327,8 +1353,46 @@ class ReferenceVariant:
     # --- the PPO family (GRP, AGG, GSPO, CISPO, KLL, IS) ---
 
     aggregate_loss = staticmethod(ppo_ref.aggregate_loss)
-    gspo_loss = staticmethod(ppo_ref.gspo_loss)
     kl_loss = staticmethod(ppo_ref.kl_loss)
+
+    def _approx_kl(self, logp: Tensor, old_logp: Tensor, keep: Tensor) -> Tensor:
+        """The declared ``approx_kl`` estimate (not k3's default): k1 mean(old - new), neg-k1
+        mean(new - old), k2 0.5 mean((new - old)^2), over the action tokens."""
+        estimate = self.conventions.approx_kl
+        # kl_penalty(a, b, k) estimates from b - a: k1 old - new, neg-k1 new - old
+        first, second = (logp, old_logp) if estimate in ("k2", "neg-k1") else (old_logp, logp)
+        estimator = "k1" if estimate == "neg-k1" else str(estimate)
+        per_token = ppo_ref.kl_penalty(first.detach(), second.detach(), estimator, mask=keep)
+        return ppo_ref.masked_mean(per_token, keep)
+
+    def gspo_loss(
+        self, logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float, **kwargs: Any
+    ) -> VariantGSPOLoss:
+        """GSPO-1..3 with ``gspo_clipfrac='tokens'`` (the clip fraction weights each clipped sequence
+        by its action tokens: per row, the reference's 0/1 clip fraction of that row alone) and the
+        declared ``approx_kl`` estimate (GSPO-3's approx_kl is PG-5's; None: not reported)."""
+        reference = ppo_ref.gspo_loss(logp, old_logp, advantages, mask, clip_eps, **kwargs)
+        c = self.conventions
+        approx_kl: Tensor | None = reference.approx_kl
+        if c.approx_kl != "k3":
+            approx_kl = None if c.approx_kl is None else self._approx_kl(logp, old_logp, mask != 0)
+        result = VariantGSPOLoss(
+            reference.loss, reference.clipfrac, reference.ratio_mean, reference.ratio_max, approx_kl
+        )
+        if c.gspo_clipfrac == "sequences":
+            return result
+        bounds = {k: v for k, v in kwargs.items() if k == "clip_eps_high"}
+        tokens = (mask != 0).sum(dim=1)
+        clipped = torch.zeros((), dtype=result.clipfrac.dtype)
+        for row in range(mask.shape[0]):
+            if int(tokens[row]) > 0:
+                one = slice(row, row + 1)
+                alone = ppo_ref.gspo_loss(
+                    logp[one].detach(), old_logp[one], advantages[one], mask[one], clip_eps, **bounds
+                )
+                clipped = clipped + alone.clipfrac * tokens[row]
+        return replace(result, clipfrac=clipped / tokens.sum().clamp(min=1))
+
     rollout_correction = staticmethod(ppo_ref.rollout_correction)
 
     def group_advantages(

@@ -354,7 +354,8 @@ def gspo_loss_clipfrac_over_tokens(
     adv = advantages.to(s.dtype)
     clipped_rows = s.clamp(1 - clip_eps, 1 + high) * adv < s * adv
     # BUG (GSPO-3): the clip fraction counted over tokens (each token of a clipped sequence), the
-    # token-level statistic of PPO: long sequences weigh more
+    # token-level statistic of PPO: long sequences weigh more. Undeclared, it is the convention
+    # gspo_clipfrac='tokens' (the GSPO paper's statistic; verl, OpenRLHF), which the suite infers
     clipped_tokens = keep & clipped_rows.unsqueeze(1)
     frac = torch.count_nonzero(clipped_tokens).to(s.dtype) / torch.count_nonzero(keep).clamp(min=1)
     return dataclasses.replace(result, clipfrac=frac)
@@ -680,12 +681,13 @@ SPECS: tuple[MutantSpec, ...] = (
         "GSPO3-clipfrac-over-tokens",
         "GSPO-3",
         "gspo_loss",
-        "clipfrac = share of action tokens in clipped sequences, not the share of sequences",
+        "clipfrac = share of action tokens in clipped sequences, not the share of sequences, not declared",
         "a clipped and an unclipped row of unequal lengths",
         gspo_loss_clipfrac_over_tokens,
         shows_on=lambda: gspo([[1.3, 1.3, 1.3], [1.0, 1.0, 1.0]], [1.0, -1.0], UNEQUAL),
         hides_on=lambda: gspo([[1.3, 1.3, 1.3], [1.0, 1.0, 1.0]], [1.0, -1.0]),
         clause="GSPO-3",
+        convention={"gspo_clipfrac": "tokens"},
     ),
     MutantSpec(
         "GSPO3-token-ratio-statistics",

@@ -74,6 +74,7 @@ FAMILY_CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "group_std_eps": 1e-9,
         "group_singleton": "unguarded",
         "constant_groups": "rounding",
+        "gspo_clipfrac": "tokens",
         "kl_loss_estimators": ["k1", "k2", "k3", "k3+"],
         "correction_levels": ["token"],
         "correction_modes": ["truncate", "mask"],
@@ -98,6 +99,10 @@ FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "(rewards.sum(-1, keepdim=True) - rewards) / (n_samples_per_prompt - 1)`, dr_grpo and group_norm "
         "rewards - rewards.mean(-1); no special case, so a constant group keeps the sum's rounding (three "
         "scores of 0.1: -1.39e-17)",
+        "gspo_clipfrac": "openrlhf/models/loss.py:257 PolicyLoss.forward: clip_ratio = "
+        "masked_mean(torch.lt(surr2, surr1), action_mask), a share of tokens also for "
+        "policy_loss_type='gspo' (logged as ppo_clip_ratio), the statistic the GSPO paper reports "
+        "(arXiv 2507.18071, section 5.3)",
         "kl_loss_estimators": "openrlhf/models/utils.py compute_approx_kl: kl_estimator k1, k2, k3; "
         "unbiased_gradient=True keeps the value and takes the gradient of w * k2 (w = 1 on-policy): k3+",
         "correction_levels": "openrlhf/models/loss.py PolicyLoss.forward: is_correction_level 'token'; "

@@ -63,6 +63,7 @@ FAMILY_CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "group_singleton": "raw-score",
         "constant_groups": "rounding",
         "cispo_bounds": "offsets",
+        "gspo_clipfrac": "tokens",
         "kl_loss_estimators": ["k1", "k2", "k3", "k3+"],
         "correction_levels": ["token", "sequence"],
         "correction_modes": ["truncate", "mask"],
@@ -88,6 +89,9 @@ FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
         "constant group keeps the mean's rounding (three scores of 0.1: -1.39e-17)",
         "cispo_bounds": "verl/trainer/ppo/core_algos.py compute_policy_loss_cispo: clamp(ratio, 1 - "
         "clip_ratio_low, 1 + clip_ratio_high)",
+        "gspo_clipfrac": "verl/trainer/ppo/core_algos.py compute_policy_loss_gspo: pg_clipfrac = "
+        "masked_mean(gt(pg_losses2, pg_losses1), response_mask), a share of tokens (logged as "
+        "actor/pg_clipfrac), the statistic the GSPO paper reports (arXiv 2507.18071, section 5.3)",
         "kl_loss_estimators": "verl/trainer/ppo/core_algos.py kl_penalty accepts k1, k2, k3 (low_var_kl), "
         "abs, and a '+' suffix for the straight-through k2 gradient (k3+)",
         "correction_levels": "verl/trainer/ppo/rollout_corr_helper.py compute_rollout_correction_weights: "

@@ -685,6 +685,7 @@ THREAD_ROLES = {
     "default": "the command as typed: its own policy",
     "two-spinning": "the command before the policy",
     "two-passive": "two threads with the wait policy the benchmarks set",
+    "two-spin-10k": "two threads that spin briefly, then sleep",
 }
 
 

@@ -12,7 +12,10 @@ machine), in interleaved rounds so that a change in the machine's own load hits 
 - ``default``: the command's policy (``ppo_ref_entry``): one thread, ``OMP_WAIT_POLICY=PASSIVE``;
 - ``two-spinning``: ``--threads 2`` (torch's own default on these 2 cores, the command before the
   policy): two threads, OpenMP's spinning wait;
-- ``two-passive``: ``--threads 2`` with ``OMP_WAIT_POLICY=PASSIVE`` (what the benchmarks set).
+- ``two-passive``: ``--threads 2`` with ``OMP_WAIT_POLICY=PASSIVE`` (what the benchmarks set);
+- ``two-spin-10k``: ``--threads 2`` with ``GOMP_SPINCOUNT=10000`` (libgomp, torch's OpenMP on Linux:
+  a waiting worker spins 10,000 rounds, not OpenMP's default 300,000, then sleeps), the middle way
+  between the two.
 
 Writes ``bench/results/thread-policy.json`` (every run's wall time, the load averages) and prints
 the medians and the ratios; ``bench/results_report.py`` renders the section of ``bench/RESULTS.md``.
@@ -43,6 +46,7 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "default": ([], {}),
     "two-spinning": (["--threads", "2"], {}),
     "two-passive": (["--threads", "2"], {"OMP_WAIT_POLICY": "PASSIVE"}),
+    "two-spin-10k": (["--threads", "2"], {"GOMP_SPINCOUNT": "10000"}),
 }
 """Policy name: (extra ppo-ref flags, extra environment)."""
 QUICK = ["--iterations", "1", "--eval-samples", "16"]
@@ -56,7 +60,7 @@ while True:
 
 
 def _clean_env(extra: dict[str, str]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "MKL_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "MKL_", "GOMP_"))}
     return {**env, **extra}
 
 

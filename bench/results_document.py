@@ -292,7 +292,9 @@ def _header(data: Data) -> list[str]:
         "`python tools/run_bench.py --render-only` rebuilds this file from the raw data in "
         f"`bench/results/` (`{MANIFEST}` names each section's files) and the hand-written notes in "
         "`bench/RESULTS-notes.md`; `bench/PERF-NOTES.md` records the changes made for the targets, their "
-        "before/after figures and the profiles behind them."
+        "before/after figures and the profiles behind them; the GPU figures, measured on another machine "
+        "by `python examples/smollm2_gpu_bench.py --append-to bench/RESULTS-gpu.md`, are in "
+        "`bench/RESULTS-gpu.md`."
     )
     if data.header is not None:
         name, run = data.header

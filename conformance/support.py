@@ -65,9 +65,11 @@ __all__ = [
     "note_repro",
     "precision_case",
     "repro_code",
+    "sign_lost",
     "statistic",
     "tolerance",
     "unsupported_call",
+    "whitened_variance",
     "whitening_scale",
 ]
 
@@ -137,6 +139,44 @@ def computed_dtype(dtype: torch.dtype) -> torch.dtype:
     if dtype == torch.float64 and _CALLED & _FLOAT32_OPS:
         return torch.float32
     return dtype
+
+
+def sign_lost(advantages: Tensor, mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """Bool: action tokens whose nonzero advantage rounds to 0 in the precision the op computes in
+    (:func:`computed_dtype`): both branches of the clipped objective are then 0, so which one a
+    clip statistic counts is rounding, not a rule (a float64 advantage of -1e-108 is -0.0 in
+    float32).
+
+    >>> a = torch.tensor([[-1e-108, 1.5]], dtype=torch.float64)
+    >>> sign_lost(a, torch.ones(1, 2, dtype=torch.bool), torch.float32).tolist()
+    [[True, False]]
+    """
+    low = dtype if dtype != torch.float64 else computed_dtype(dtype)
+    return (advantages != 0) & (advantages.to(low) == 0) & (mask != 0)
+
+
+def whitened_variance(variance: float, eps: float, placement: str) -> float:
+    """The variance of ``(x - mean) * s`` for inputs of variance ``variance``, where ``s`` is the
+    whitening scale of the declared ``whiten_eps`` and ``whiten_eps_placement`` (MASK-2):
+    ``1/sqrt(var + eps)`` (inside-sqrt), ``1/(sqrt(var) + eps)`` (outside-sqrt),
+    ``1/sqrt(max(var, eps))`` (clamp).
+
+    >>> whitened_variance(4.0, 1e-8, "inside-sqrt") == 4.0 / (4.0 + 1e-8)
+    True
+    >>> whitened_variance(4.0, 1e-5, "outside-sqrt") == 4.0 / (2.0 + 1e-5) ** 2
+    True
+    >>> whitened_variance(4.0, 1e-8, "clamp")
+    1.0
+    """
+    if variance < 0 or eps <= 0:
+        raise ValueError(f"variance, eps: expected variance >= 0 and eps > 0, got {variance}, {eps}")
+    if placement == "inside-sqrt":
+        return variance / (variance + eps)
+    if placement == "outside-sqrt":
+        return variance / (math.sqrt(variance) + eps) ** 2
+    if placement == "clamp":
+        return variance / max(variance, eps)
+    raise ValueError(f"placement: expected inside-sqrt, outside-sqrt or clamp, got {placement!r}")
 
 
 def tolerance(dtype: torch.dtype) -> tuple[float, float]:

@@ -100,7 +100,12 @@ def test_groups_sum_to_zero_and_constant_groups_give_exactly_zero(
             # exact 0 (the reference), or 0 up to the mean's rounding (declared constant_groups)
             bound = 0.0
             if ctx.conventions.constant_groups == "rounding":
-                bound = constant_group_bound(group, int(rows.sum()))
+                # grpo divides the mean's rounding by std + eps (the std of a constant group is
+                # rounding too): with eps > 0 that amplifies it by up to 1 / eps
+                declared = ctx.conventions.group_std_eps
+                used = declared if declared is not None else (0.0 if eps_zero else batch.eps)
+                divides = method == "grpo" and batch.std_scope != "none" and used > 0
+                bound = constant_group_bound(group, int(rows.sum()), std_eps=used if divides else None)
             assert bool((out[rows].abs() <= bound).all()), (
                 f"constant group {int(gid)}: advantages {out[rows].tolist()}"
                 + (f" (declared constant_groups='rounding': |A| <= {bound:.3g})" if bound else "")

@@ -49,6 +49,22 @@ def test_constant_groups_rounding_bounds_the_mean_rounding_and_the_reference_sta
         constant_group_bound(scores, 0)
 
 
+def test_constant_group_bound_covers_grpo_dividing_the_mean_rounding_by_std_plus_eps() -> None:
+    # issue 28: rlinf's and verl's (r - mean) / (std + 1e-6) on three scores of -0.2 (float64) give
+    # 2.8e-11, the mean's rounding over the eps: above the plain bound, inside the std_eps one
+    scores = torch.tensor([-0.2, -0.2, -0.2], dtype=torch.float64)
+    mean = scores.mean()
+    got = (scores - mean) / (scores.std() + 1e-6)
+    assert float(got.abs().max()) > 1e-11
+    assert float(got.abs().max()) > constant_group_bound(scores, 3)
+    assert bool((got.abs() <= constant_group_bound(scores, 3, std_eps=1e-6)).all())
+    # still tight: a baseline off by one part in 1e6 of the score is not hidden
+    assert constant_group_bound(scores, 3, std_eps=1e-6) < 1e-9
+    assert constant_group_bound(scores, 3, std_eps=10.0) == constant_group_bound(scores, 3)
+    with pytest.raises(ValueError, match="std_eps"):
+        constant_group_bound(scores, 3, std_eps=0.0)
+
+
 def test_the_verl_adapter_passes_the_engines_row_count_for_the_dr_grpo_mode_only() -> None:
     from ppo_ref.adapters.thirdparty.verl_family import engine_row_count
 

@@ -258,6 +258,26 @@ RECIPES: dict[str, Recipe] = {
             ),
             report=("skyrl-train", "jaxtyping", "loguru", "ray", *HF_STACK_REPORT),
         ),
+        Recipe(
+            name="rlinf",
+            summary="RLinf 0.3.0 without its declared dependencies (they pull sglang/vllm/wandb)",
+            steps=(
+                ("--no-deps", "rlinf==0.3.0"),
+                # What rlinf.algorithms (advantages, losses, kl_penalty, the aggregations) imports
+                # on the way: rlinf/__init__.py registers an omegaconf resolver, rlinf.utils.utils
+                # imports rlinf.scheduler (ray), algorithms/toolcall_parsers.py imports regex.
+                # ray 2.51.1 as in the verl and skyrl envs (rlinf declares ray[default]>=2.47).
+                ("omegaconf==2.3.1", "ray==2.51.1", "regex==2026.11.19"),
+            ),
+            imports=(
+                "rlinf",
+                "rlinf.algorithms.advantages",
+                "rlinf.algorithms.losses",
+                "rlinf.algorithms.utils",
+                "rlinf.utils.utils",
+            ),
+            report=("rlinf", "omegaconf", "ray", "regex"),
+        ),
     ]
 }
 

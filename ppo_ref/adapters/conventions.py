@@ -266,19 +266,27 @@ def singleton_rule(group_singleton: object, method: str) -> str:
     return str(group_singleton)
 
 
-def constant_group_bound(scores: Tensor, group_size: int) -> float:
+def constant_group_bound(scores: Tensor, group_size: int, std_eps: float | None = None) -> float:
     """The largest |advantage| a constant group of ``group_size`` ``scores`` may get under
     ``constant_groups='rounding'``: ``4 * n * eps * max|r|`` (eps the machine epsilon of the scores'
-    dtype), the rounding of the group's float mean or leave-one-out sum.
+    dtype), the rounding of the group's float mean or leave-one-out sum. With ``std_eps`` (GRPO
+    dividing by ``std + std_eps``) that rounding is divided by the group's std, itself rounding
+    (>= 0), plus ``std_eps``: the bound is multiplied by ``max(1, 1 / std_eps)`` (three scores of
+    -0.2 in float64: ``-0.2 - mean = 2.8e-17``, over ``std + 1e-6`` gives 2.8e-11: verl and RLinf).
 
     >>> constant_group_bound(torch.tensor([0.1, 0.1, 0.1], dtype=torch.float64), 3) > 1.39e-17
+    True
+    >>> constant_group_bound(torch.tensor([-0.2, -0.2, -0.2], dtype=torch.float64), 3, std_eps=1e-6) > 2.8e-11
     True
     """
     if group_size < 1:
         raise ValueError(f"group_size: expected >= 1, got {group_size}")
+    if std_eps is not None and not std_eps > 0:
+        raise ValueError(f"std_eps: expected > 0 or None, got {std_eps}")
     dtype = scores.dtype if scores.dtype.is_floating_point else torch.float64
     largest = float(scores.detach().abs().max()) if scores.numel() else 0.0
-    return 4.0 * group_size * torch.finfo(dtype).eps * largest
+    amplification = 1.0 if std_eps is None else max(1.0, 1.0 / std_eps)
+    return 4.0 * group_size * torch.finfo(dtype).eps * largest * amplification
 
 
 OP_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(

@@ -37,7 +37,7 @@ BUILTIN_ADAPTERS: MappingProxyType[str, str] = MappingProxyType(
         "mine": "ppo_ref.adapters.reference:make_adapter",
         **{
             name: f"ppo_ref.adapters.thirdparty.{name}:make_adapter"
-            for name in ("trl", "verl", "openrlhf", "torchrl", "sb3", "skyrl")
+            for name in ("trl", "verl", "openrlhf", "torchrl", "sb3", "skyrl", "rlinf")
         },
         "trl116": "ppo_ref.adapters.thirdparty.trl_family:make_adapter",
     }

@@ -1,0 +1,66 @@
+"""The RLinf adapter (issue 28): it imports lazily and fails clearly without RLinf (main environment),
+and in ``.envs/rlinf`` its ops give RLinf's numbers with the declared conventions visible in them."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ppo_ref.adapters import AdapterLoadError, get_adapter, parse_conventions
+from tests.thirdparty_env import REPO, thirdparty_python
+
+MODULES = ("rlinf", "rlinf.algorithms.advantages", "rlinf.algorithms.losses", "rlinf.algorithms.utils")
+
+
+def test_the_adapter_imports_without_rlinf_and_names_the_env_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in MODULES:
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.delitem(sys.modules, "ppo_ref.adapters.thirdparty.rlinf", raising=False)
+    module = importlib.import_module("ppo_ref.adapters.thirdparty.rlinf")
+    parse_conventions(module.RlinfAdapter.conventions)  # every declared key and value is known
+    assert set(module.RlinfAdapter.convention_sources) == set(module.RlinfAdapter.conventions)
+    with pytest.raises(AdapterLoadError) as raised:
+        get_adapter("rlinf")
+    assert "python tools/thirdparty_envs.py rlinf" in str(raised.value)
+
+
+NUMBERS = """
+import json, torch
+from ppo_ref.adapters import get_adapter
+a = get_adapter("rlinf")
+lp = torch.tensor([[-1.0, -1.0, 0.0]], dtype=torch.float64)
+old = torch.tensor([[-1.5, -0.5, 0.0]], dtype=torch.float64)
+mask = torch.tensor([[1, 1, 0]])
+pl = a.policy_loss(lp, old, torch.ones(1, 3, dtype=torch.float64), mask, 0.2)
+adv, ret = a.gae(torch.tensor([[0.0, 1.0, 9.0]]), torch.tensor([[0.5, 0.25, 7.0]]), mask, 1.0, 1.0)
+g = a.group_advantages(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 0, 1]))
+print(json.dumps({"approx_kl": float(pl.approx_kl), "adv": adv.tolist(), "ret": ret.tolist(),
+                  "group": [None if x != x else x for x in g.tolist()], "version": a.version}))
+"""
+
+
+@pytest.mark.thirdparty
+def test_rlinf_numbers_show_its_declared_conventions() -> None:
+    python = thirdparty_python(
+        "rlinf"
+    )  # skips where .envs/rlinf is missing; fails under PPO_REF_REQUIRE_ENVS=1
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(
+        [str(python), "-c", NUMBERS], cwd=REPO, capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["version"] == "0.3.0"
+    assert got["approx_kl"] == pytest.approx(0.0, abs=1e-7)  # k1: mean(old - new) = (-0.5 + 0.5) / 2
+    # the episode ends at the last action token: the padded reward 9 and value 7 never enter
+    assert got["adv"][0] == pytest.approx([0.5, 0.75, 0.0])
+    assert got["ret"][0] == pytest.approx([1.0, 1.0, 0.0])
+    # group of two: (r - mean) / (std + 1e-6), std unbiased (sqrt 2); a group of one: NaN (unguarded)
+    assert got["group"][:2] == pytest.approx([-1 / (2**0.5 + 1e-6), 1 / (2**0.5 + 1e-6)])
+    assert got["group"][2] is None

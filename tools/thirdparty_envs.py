@@ -278,6 +278,27 @@ RECIPES: dict[str, Recipe] = {
             ),
             report=("rlinf", "omegaconf", "ray", "regex"),
         ),
+        Recipe(
+            name="swift",
+            summary="ms-swift 4.6.0 (ModelScope SWIFT) with its declared dependencies, plus msgspec",
+            steps=(
+                # A normal install with dependencies (trl, transformers, peft, accelerate, datasets,
+                # modelscope, ...); the pins are what it resolved to on 2026-12-03, inside ppo-ref's
+                # transformers>=5.17,<6.
+                ("ms-swift==4.6.0", "trl==0.29.1", "transformers==5.19.0"),
+                # swift/rlhf_trainers/utils.py imports msgspec at top level, which ms-swift 4.6.0 does
+                # not declare (pip check is clean without it, the import fails).
+                ("msgspec==0.23.0",),
+            ),
+            imports=(
+                "swift",
+                "swift.rl_core.advantage",
+                "swift.rlhf_trainers.utils",
+                "swift.rlhf_trainers.grpo_trainer",
+                "trl.trainer.utils",
+            ),
+            report=("ms-swift", "trl", "msgspec", "peft", "modelscope", *HF_STACK_REPORT),
+        ),
     ]
 }
 

@@ -3,8 +3,8 @@
 Lookup order for ``get_adapter(name)``:
 
 1. a built-in name (:data:`BUILTIN_ADAPTERS`): ``mine`` (the reference functions) and the
-   third-party adapters ``trl``, ``verl``, ``openrlhf``, ``torchrl``, ``sb3``, ``skyrl``, whose
-   modules are imported only when asked for (their libraries are optional);
+   third-party adapters ``trl``, ``verl``, ``openrlhf``, ``torchrl``, ``sb3``, ``skyrl``, ``rlinf``,
+   ``swift``, whose modules are imported only when asked for (their libraries are optional);
 2. an entry point named ``name`` in the group ``ppo_ref.adapters``, declared by an installed
    package: ``[project.entry-points."ppo_ref.adapters"] mylib = "mylib.ppo_adapter:make_adapter"``;
 3. ``name`` itself as ``module:attribute`` (``module.sub:attr.inner`` works too).
@@ -37,7 +37,7 @@ BUILTIN_ADAPTERS: MappingProxyType[str, str] = MappingProxyType(
         "mine": "ppo_ref.adapters.reference:make_adapter",
         **{
             name: f"ppo_ref.adapters.thirdparty.{name}:make_adapter"
-            for name in ("trl", "verl", "openrlhf", "torchrl", "sb3", "skyrl", "rlinf")
+            for name in ("trl", "verl", "openrlhf", "torchrl", "sb3", "skyrl", "rlinf", "swift")
         },
         "trl116": "ppo_ref.adapters.thirdparty.trl_family:make_adapter",
     }

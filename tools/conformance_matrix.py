@@ -55,7 +55,7 @@ MATRIX_MD = DOCS / "conformance-matrix.md"
 FINDINGS = DOCS / "findings.md"
 FINDINGS_FILES = (FINDINGS, DOCS / "findings-family.md")
 REPORTS = REPO / "build" / "conformance-matrix"
-ALL_NAMES = ("mine", "trl", "trl116", "verl", "openrlhf", "torchrl", "sb3", "skyrl", "rlinf")
+ALL_NAMES = ("mine", "trl", "trl116", "verl", "openrlhf", "torchrl", "sb3", "skyrl", "rlinf", "swift")
 """ppo-ref, then the libraries: ``trl`` is TRL 1.12 (the last release with PPOTrainer), ``trl116`` TRL 1.16
 (GRPOTrainer and RLOOTrainer: the family ops and the step tier)."""
 DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
@@ -68,6 +68,7 @@ DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
     "sb3": ("stable-baselines3", "gymnasium", "torch"),
     "skyrl": ("skyrl-train", "torch"),
     "rlinf": ("rlinf", "torch"),
+    "swift": ("ms-swift", "trl", "torch"),
 }
 """Distributions whose versions the matrix shows for each implementation."""
 TEST_DISTRIBUTIONS = ("hypothesis", "pytest", "numpy")

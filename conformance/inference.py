@@ -351,4 +351,30 @@ class Inference:
             )
             conventions = replace(declared, constant_groups="rounding")
             tries.append((Suggestion("constant_groups", "rounding", why), self._plain(conventions)))
-        return [suggestion for suggestion, setting in tries if self._run(item, setting, None) is None]
+        found = [suggestion for suggestion, setting in tries if self._run(item, setting, None) is None]
+        if found or set(ops) <= declared.float32_ops:
+            return found
+        return self._with_float32(item, ops)
+
+    def _with_float32(self, item: pytest.Item, ops: tuple[str, ...]) -> list[Suggestion]:
+        """A value convention together with the float32 tolerance (issue 28: a library that computes
+        in float32 and has its own epsilon fails on either alone): the first single alternative under
+        which the failing test passes once ``compute_dtype`` widens the tolerance too, as two
+        suggestions (never a match: the tolerance key is one of them)."""
+        declared = self.context.conventions
+        dtypes = {op: "float32" for op in sorted(set(ops) | declared.float32_ops)}
+        parsed: Any = CONVENTIONS["compute_dtype"].parse(dtypes)
+        for alternative in self._singles(ops):
+            setting = self._plain(replace(alternative.apply(declared), compute_dtype=parsed))
+            if self._run(item, setting, None) is not None:
+                continue
+            other = " ".join(d.rstrip(",") for d in alternative.declarations())
+            tail = "float32 rounding plus a convention; declare both if the library computes in float32"
+            return [
+                Suggestion("compute_dtype", dtypes, f"passes only together with {other}: {tail}"),
+                *(
+                    Suggestion(key, value, f"passes only together with the compute_dtype above: {tail}")
+                    for key, value in alternative.declared
+                ),
+            ]
+        return []

@@ -196,3 +196,45 @@ class CountlessAggregationAdapter(ExampleAdapter):
 def make_countless_aggregation_adapter() -> CountlessAggregationAdapter:
     """Declares the clip-fraction convention only (no ``policy_loss_options``: inferred)."""
     return CountlessAggregationAdapter("example-countless", {"clipfrac": "ratio-outside"})
+
+
+class Float32FixedEpsGroupAdapter(ExampleAdapter):
+    """The example adapter with a ``group_advantages`` that, like ms-swift 4.6.0's, computes in float32
+    and divides by std + a fixed 1e-4 whatever ``eps`` is passed (issue 28): neither ``compute_dtype``
+    nor ``group_std_eps`` alone makes its GRPO cases pass, both together do."""
+
+    provenance = "ppo_ref.masked_mean, and a float32 GRPO advantage with std + 1e-4 (grpo/group only)"
+    ops = frozenset({"masked_mean", "group_advantages"})
+
+    @staticmethod
+    def group_advantages(
+        scores: Tensor,
+        group_ids: Tensor,
+        method: str = "grpo",
+        *,
+        std_scope: str = "group",
+        eps: float = 1e-6,
+        singleton: str = "zero",
+    ) -> Tensor:
+        if std_scope != "group" or singleton != "zero":
+            raise ValueError(f"std_scope/singleton: group and zero only, got {std_scope!r}, {singleton!r}")
+        rewards = scores.to(torch.float32)
+        out = torch.zeros_like(rewards)
+        for gid in torch.unique(group_ids):  # as ms-swift's compute_advantages_dynamic, in float32
+            rows = group_ids == gid
+            group = rewards[rows]
+            size = len(group)
+            centred = group - group.mean()
+            if method == "grpo":
+                std = group.std() if size > 1 else torch.zeros((), dtype=torch.float32)
+                out[rows] = centred / (std + 1e-4)
+            elif method == "rloo":
+                out[rows] = centred * size / (size - 1) if size > 1 else centred
+            else:
+                out[rows] = centred
+        return out
+
+
+def make_float32_fixed_eps_group_adapter() -> Float32FixedEpsGroupAdapter:
+    """Declares nothing about its group advantages: the suite must name both keys."""
+    return Float32FixedEpsGroupAdapter("example-float32-eps", {"clipfrac": "ratio-outside"})

@@ -230,3 +230,27 @@ def test_an_aggregate_loss_without_count_keywords_is_not_provided_there(tmp_path
         "not provided: the keyword token_count (declared policy_loss_options excludes 'counts')" in run.stdout
     )
     assert "TypeError" not in run.stdout
+
+
+def test_a_fixed_epsilon_in_float32_is_suggested_as_both_keys(tmp_path: Path) -> None:
+    """Issue 28: a group advantage computed in float32 with its own fixed epsilon (ms-swift's 1e-4)
+    fails on either key alone; the suite used to suggest nothing for its GRPO cases (each re-run
+    tried one key), it now names ``compute_dtype`` and ``group_std_eps`` together."""
+    stem = tmp_path / "float32-eps"
+    run = _run_suite(
+        "conformance/",
+        "--impl=tests.example_adapter:make_float32_fixed_eps_group_adapter",
+        "--conformance-output=compact",
+        f"--conformance-report={stem}",
+        "-k",
+        "group or GRP",
+    )
+    assert run.returncode == 1, run.stdout[-3000:] + run.stderr[-2000:]
+    report = json.loads(stem.with_name(stem.name + ".json").read_text(encoding="utf-8"))
+    entries = {entry["id"]: entry for entry in report["clauses"]}
+    failing = [clause for clause, entry in entries.items() if entry["verdict"] == "fail"]
+    assert failing, {clause: entry["verdict"] for clause, entry in entries.items()}
+    for clause in failing:
+        suggestions = " ".join(entries[clause]["suggestions"])
+        assert '"compute_dtype"' in suggestions and '"group_std_eps": 0.0001' in suggestions, entries[clause]
+    assert 'passes only together with "group_std_eps": 0.0001' in run.stdout

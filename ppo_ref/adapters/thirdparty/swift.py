@@ -59,7 +59,8 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
     {
         "policy_loss": "the clipped GRPO loss is inline in GRPOTrainer._compute_loss_and_metrics "
         "(grpo_trainer.py:1048-1060), which needs a trainer instance; not wired here",
-        "kl_penalty": "the k3 KL is inline in _compute_loss_and_metrics (grpo_trainer.py:972-975)",
+        "kl_penalty": "the k3 KL is inline in _compute_loss_and_metrics (grpo_trainer.py:972-976: "
+        "log-ratio clamped to ±20, estimate to ±10)",
         "kl_loss": "inline in _compute_loss_and_metrics (per_token_loss + beta * per_token_kl)",
         "cispo_loss": "inline in _compute_loss_and_metrics (loss_type='cispo')",
         "gspo_loss": "inline in _compute_loss_and_metrics (importance_sampling_level='sequence')",

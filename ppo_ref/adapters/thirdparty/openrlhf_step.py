@@ -44,7 +44,8 @@ Stand-ins (also listed in ``provenance``):
   vLLM's ``finish_reason`` (``"stop"`` when it ends with EOS, ``"length"`` when it fills
   ``max_tokens`` = the budget), and ``SamplingParams`` (``max_tokens`` = the budget, ``logprobs`` None);
 - fp32 parameters: ``convert_to_torch_dtype`` answers float32 for ``"fp32"`` (the release offers
-  ``bf16`` / ``fp16`` only, cli/train_ppo_ray.py:330-336, choices at 334; DeepSpeed's bf16 and fp16 sections stay off);
+  ``bf16`` / ``fp16`` only, cli/train_ppo_ray.py:330-336, choices at 334; DeepSpeed's bf16 and fp16
+  sections stay off);
 - ``init_device_mesh`` built on the ``"cpu"`` device type instead of ``"cuda"``
   (utils/deepspeed/deepspeed.py:105); ``torch.cuda.current_device`` answering ``"cpu"`` (0 while the
   replay buffer is built: its ``target_device`` is read by ``sample()`` only, which ``ppo_train`` never

@@ -157,11 +157,15 @@ def _library_modules() -> dict[str, set[str]]:
         ("verl_step.py", "verl"): "",
         ("trl_step.py", "trl"): "",
         ("trl_step.py", "trl116"): "trl.experimental.ppo",
+        ("openrlhf_step.py", "openrlhf"): "",
     }
     for (name, env), absent in runners.items():
         modules = _imported_modules(REPO / "ppo_ref" / "adapters" / "thirdparty" / name)
         library = {
-            m for m in modules if m.split(".")[0] in ("verl", "trl", "transformers", "accelerate", "datasets")
+            m
+            for m in modules
+            if m.split(".")[0]
+            in ("verl", "trl", "transformers", "accelerate", "datasets", "openrlhf", "deepspeed")
         }
         by_env.setdefault(env, set()).update(m for m in library if not (absent and m.startswith(absent)))
     return by_env

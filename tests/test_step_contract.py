@@ -124,7 +124,7 @@ def test_runner_lookup_and_contract() -> None:
         name = "mine"
         step = object()
 
-    assert set(BUILTIN_STEP_RUNNERS) == {"mine", "trl", "trl116", "verl"}  # the adapters' names
+    assert set(BUILTIN_STEP_RUNNERS) == {"mine", "trl", "trl116", "verl", "openrlhf"}  # the adapters' names
     assert step_runner(WithStep()) is runner
     assert isinstance(step_runner(Named()), MineStep)
     assert step_runner(Unknown()) is None

@@ -1,0 +1,160 @@
+"""The trainer-step tier run against OpenRLHF 0.11.2's own PPO actor update, in ``.envs/openrlhf``
+(spec STEP-1..5).
+
+``pytest conformance/test_step_tier.py --impl=openrlhf`` (the built-in step runner of the ``openrlhf``
+adapter, ``ppo_ref.adapters.thirdparty.openrlhf_step``: rows from ``SingleTurnAgentExecutor.execute``,
+advantages from ``RemoteExperienceMaker.compute_advantages_and_returns`` (group_norm), the update by
+``PolicyModelActor.init_model_from_pretrained`` / ``append`` / ``fit`` -> ``ActorPPOTrainer.ppo_train``
+on DeepSpeed's real engine (CPU accelerator, gloo group of one, ZeRO-0), both ``--actor.loss_agg_mode``
+values). Every test of the tier passes: OpenRLHF normalises every micro-batch by the optimizer step's
+global token / sequence counts divided by gas (``iter_grad_accum_global_norm``), which DeepSpeed's 1/gas
+backward scaling cancels; its replay buffer strips right padding before training. A regression upstream,
+or of the runner, shows up here. The gradient is also checked against the formula computed here
+independently on the same model. Skipped where the environment is missing
+(``python tools/thirdparty_envs.py openrlhf``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.thirdparty_env import thirdparty_python
+
+REPO = Path(__file__).resolve().parents[1]
+EXPECTED_FAILURES: set[str] = set()
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
+
+ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+# the checkout's plugin (conformance.plugin), not the one an editable install of another checkout names
+PLUGIN = ["-p", "no:ppo_ref_conformance", "-p", "conformance.plugin"]
+
+
+def _python() -> Path:
+    return thirdparty_python("openrlhf")  # skips where .envs/openrlhf is missing
+
+
+def test_step_tier_verdicts_of_openrlhf() -> None:
+    command = [str(_python()), "-m", "pytest", "conformance/test_step_tier.py", "--impl=openrlhf", *PLUGIN]
+    command += ["-q", "-p", "no:cacheprovider", "-rfE", "--tb=short"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=900)
+    failed = set(re.findall(r"^FAILED conformance/test_step_tier.py::(\S+)", done.stdout, re.MULTILINE))
+    passed = re.search(r"(\d+) passed", done.stdout)
+    assert failed == EXPECTED_FAILURES, done.stdout[-3000:]
+    assert passed is not None and int(passed.group(1)) == 8 - len(failed), done.stdout[-3000:]
+
+
+CHECK = """
+import json
+import torch
+from ppo_ref.adapters.step import example_batch, gradient_difference, treated_as_truncated
+from ppo_ref.adapters.thirdparty.openrlhf_step import OpenRLHFStep, _arguments, _setup_process
+batch = example_batch(budget=6, prompt_length=9)
+runner = OpenRLHFStep()
+out = {}
+# the engine is DeepSpeed's own, on its CPU accelerator
+_setup_process()
+worker = runner._actor(batch, _arguments(batch, "token-mean", 2, 0, runner._dir))
+engine = worker.actor.model
+from deepspeed.accelerator import get_accelerator
+gas = int(engine.gradient_accumulation_steps())
+out["engine"] = [type(engine).__name__, get_accelerator().device_name(), gas]
+out["trainer"] = type(worker.trainer).__name__
+engine.destroy()
+# the runs: micro-batches run, the rollout width each padding gives, OpenRLHF's own rewards
+runs = {"plain": {}, "x4": {"micro_batches": 4}, "pad9": {"pad_to": 9}, "pad10": {"pad_to": 10}}
+for key, kwargs in runs.items():
+    stats = runner.run(batch, loss_mode="token-mean", **kwargs).stats
+    out[key] = [stats["micro_batches_run"], stats["rollout_columns"]]
+plain = runner.run(batch, loss_mode="token-mean")
+out["plain_rewards"] = [round(x, 6) for x in plain.outputs["rewards"].tolist()]
+out["plain_mask_rows"] = plain.outputs["loss_mask"].sum(dim=1).tolist()
+shaped = runner.truncation_run(batch)
+out["shaped_rewards"] = [round(x, 6) for x in shaped.outputs["rewards"].tolist()]
+out["shaped_rows"] = list(treated_as_truncated(batch, shaped.outputs))
+errors = []
+for kwargs in ({"loss_mode": "token-sum"}, {"loss_mode": "token-mean", "micro_batches": 3},
+               {"loss_mode": "token-mean", "pad_fill": 1}):
+    try:
+        runner.run(batch, **kwargs)
+    except ValueError as error:
+        errors.append(str(error).split(":")[0])
+out["errors"] = errors
+# the formula, computed independently on the same model (fp32, eager attention)
+from transformers import AutoModelForCausalLM
+path = runner._model_path(batch.vocab_size)
+model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
+scores = torch.tensor(batch.scores).view(-1, batch.group_size)
+adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-9)).flatten()
+tokens = sum(len(c) for c in batch.completions)
+for mode in ("token-mean", "seq-mean-token-mean"):
+    for micro in (1, 4):
+        theirs = runner.run(batch, loss_mode=mode, micro_batches=micro)
+        model.zero_grad()
+        loss, value = 0.0, 0.0  # value: the surrogate at ratio 1, -(A weighted as the mode weighs it)
+        for i, c in enumerate(batch.completions):
+            ids = torch.tensor([list(batch.prompt_ids[i // batch.group_size]) + list(c)])
+            logits = model(ids).logits[0, len(batch.prompt_ids[0]) - 1 : -1]
+            logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c).view(-1, 1)).squeeze(-1)
+            terms = adv[i] * logp
+            share = terms.sum() / tokens if mode == "token-mean" else terms.mean() / batch.size
+            weight = len(c) / tokens if mode == "token-mean" else 1 / batch.size
+            loss, value = loss - share, value - float(adv[i]) * weight
+        loss.backward()
+        names = {n.removeprefix("module."): g for n, g in theirs.gradient.items()}
+        diff = max(float((p.grad.double() - names[n]).abs().max()) for n, p in model.named_parameters())
+        scale = max(float(g.abs().max()) for g in theirs.gradient.values())
+        out[f"independent_{mode}_x{micro}"] = [diff / scale, abs(value - theirs.loss)]
+print("RESULT" + json.dumps(out))
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _checked() -> dict[str, Any]:
+    """CHECK's measurements (one OpenRLHF process for the tests below)."""
+    done = subprocess.run(
+        [str(_python()), "-c", CHECK], cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=600
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(line[len("RESULT") :])
+    return result
+
+
+def test_openrlhf_step_gradient_is_the_formula_on_the_same_model() -> None:
+    """OpenRLHF's step-0 token-mean gradient is ``-(1/N) sum A_t grad logp_t`` and its
+    seq-mean-token-mean gradient ``-(1/B) sum_i mean_t A_i grad logp_t``, with OpenRLHF's group_norm
+    advantages (group mean, unbiased std + 1e-9), computed here independently on the same model, to
+    float32 rounding, in one micro-batch and in four (DeepSpeed accumulating four backward passes); the
+    loss is the surrogate's value at ratio 1 (``-sum A`` weighted the same way)."""
+    result = _checked()
+    assert result["engine"] == ["DeepSpeedEngine", "cpu", 2], result
+    assert result["trainer"] == "ActorPPOTrainer", result
+    for mode in ("token-mean", "seq-mean-token-mean"):
+        for micro in (1, 4):
+            relative, loss = result[f"independent_{mode}_x{micro}"]
+            assert relative < 1e-5 and loss < 1e-5, (mode, micro, result)
+    assert result["errors"] == ["loss_mode", "micro_batches", "pad_fill"], result
+
+
+def test_openrlhf_rollout_layout_and_rewards() -> None:
+    """The runs go through the split asked for and the widths asked for (prompt 9 + completions 6
+    columns natively, 9 + 9 with ``pad_to`` 9, 10 + 10 with 10); the plain run's rewards are the
+    scores and its loss mask covers each completion; with ``--reward.stop_properly_penalty_coef``
+    -0.5 exactly the rows vLLM reports as ``finish_reason == "length"`` (2 and 7, cut at the budget)
+    get -0.5, the EOS-ended row 0 of the budget's length keeps its score."""
+    result = _checked()
+    assert result["plain"] == [1.0, 15.0] and result["x4"] == [4.0, 15.0], result
+    assert result["pad9"] == [1.0, 18.0] and result["pad10"] == [1.0, 20.0], result
+    assert result["plain_rewards"] == [1.0, 0.0, 0.5, -1.0, 0.25, 1.5, -0.5, 0.0], result
+    assert result["plain_mask_rows"] == [6, 2, 6, 4, 1, 4, 5, 6], result
+    assert result["shaped_rewards"] == [1.0, 0.0, -0.5, -1.0, 0.25, 1.5, -0.5, -0.5], result
+    assert result["shaped_rows"] == [False, False, True, False, False, False, False, True], result

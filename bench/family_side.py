@@ -62,6 +62,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import ppo_ref  # noqa: E402
+from ppo_ref.aggregation import LOSS_AGGREGATIONS  # noqa: E402
+from ppo_ref.group import GROUP_METHODS  # noqa: E402
 
 SIDES = ("mine", "verl", "openrlhf", "skyrl", "trl116")
 LIBRARIES = SIDES[1:]
@@ -84,7 +86,6 @@ CLIP, CLIP_HIGH, DUAL = 0.2, 0.28, 3.0
 GSPO_CLIP, GSPO_CLIP_HIGH = 3e-4, 4e-4
 CISPO_LOW, CISPO_HIGH = 0.2, 0.28
 TIS_HIGH, MASK_LOW, MASK_HIGH = 2.0, 0.5, 2.0
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 
 def make_data(shapes: Shapes, seed: int = 0) -> dict[str, Tensor]:
@@ -252,9 +253,9 @@ def mine_cases(data: dict[str, Tensor]) -> list[Case]:
             _ref_group(data, method, 1e-6),
             _ref_group(data, method, 1e-6),
         )
-        for method in ("grpo", "dr_grpo", "rloo")
+        for method in GROUP_METHODS
     ]
-    for mode in AGGREGATIONS:
+    for mode in LOSS_AGGREGATIONS:
         agg = _ref_agg(data, mode)
         cases += _passes(
             f"aggregate_loss/{mode}",
@@ -345,7 +346,7 @@ def verl_cases(data: dict[str, Tensor]) -> list[Case]:
             Case(f"group_advantages/{method}", label, call, _ref_group(data, method, 1e-6), value=first)
         )
     maskf, width = data["maskf"], data["mask"].shape[1]
-    for mode in AGGREGATIONS:
+    for mode in LOSS_AGGREGATIONS:
         scale = width if mode == "seq-mean-token-sum-norm" else None
 
         def agg(x: Tensor, m: Tensor, mode: str = mode, scale: int | None = scale) -> Callable[[], Any]:

@@ -38,7 +38,8 @@ from ppo_ref.adapters import (
     get_adapter,
     parse_conventions,
 )
-from ppo_ref.adapters.conventions import CONVENTIONS, LOSS_AGGREGATIONS, describe
+from ppo_ref.adapters.conventions import CONVENTIONS, describe
+from ppo_ref.aggregation import COUNT_AGGREGATIONS
 
 from .cases import Case
 from .inference import Inference
@@ -107,7 +108,7 @@ def _inferred_capabilities(adapter: object, declared: Mapping[str, object]) -> d
         return {}
     inferred: dict[str, object] = {"policy_loss_options": options}
     if "counts" not in options and "loss_aggregations" not in declared:
-        inferred["loss_aggregations"] = [a for a in LOSS_AGGREGATIONS if a != "seq-mean-token-sum-norm"]
+        inferred["loss_aggregations"] = list(COUNT_AGGREGATIONS)
     return inferred
 
 

@@ -47,10 +47,16 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from torch import Tensor
 
+from ppo_ref.aggregation import COUNT_AGGREGATIONS, LOSS_AGGREGATIONS
+from ppo_ref.correction import CORRECTION_LEVELS, CORRECTION_MODES
+from ppo_ref.group import GROUP_METHODS, STD_SCOPES
+from ppo_ref.kl import KL_ESTIMATORS
+from ppo_ref.kl_loss import KL_LOSS_ESTIMATORS
+
 __all__ = [
-    "ALL_LOSS_AGGREGATIONS",
     "CORRECTION_LEVELS",
     "CORRECTION_MODES",
+    "COUNT_AGGREGATIONS",
     "FLOAT_DTYPES",
     "GROUP_ID_POOL",
     "GROUP_METHODS",
@@ -131,8 +137,6 @@ HALF_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16)
 """Half-precision logits dtypes (LOGP-3: computed in float32)."""
 MASK_DTYPES: tuple[torch.dtype, ...] = (torch.bool, torch.int64, torch.float32)
 """A mask may be bool or 0/1 of any numeric dtype."""
-LOSS_AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 JUNK_VALUES: tuple[float, ...] = (math.nan, math.inf, -math.inf, 1e6, -1e6)
 """Values written into masked-out slots: they must never reach a result or a gradient."""
 
@@ -440,7 +444,7 @@ def kl_estimators() -> st.SearchStrategy[str]:
     return st.sampled_from(KL_ESTIMATORS)
 
 
-def loss_aggregations(choices: Sequence[str] = LOSS_AGGREGATIONS) -> st.SearchStrategy[str]:
+def loss_aggregations(choices: Sequence[str] = COUNT_AGGREGATIONS) -> st.SearchStrategy[str]:
     """One of the loss aggregation modes (all three by default)."""
     return _sampled(tuple(choices))
 
@@ -731,7 +735,7 @@ def policy_batches(
     dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
     empty_rows: bool = True,
     min_tokens: int = 1,
-    loss_aggs: Sequence[str] = LOSS_AGGREGATIONS,
+    loss_aggs: Sequence[str] = COUNT_AGGREGATIONS,
     junk: bool | None = None,
 ) -> PolicyBatch:
     """Inputs of ``policy_loss``: log-ratios up to +-3 (the clip boundaries log(1 +- eps) and 0
@@ -992,13 +996,6 @@ def kl_controller_cases(draw: st.DrawFn, max_updates: int = 6) -> KLControllerCa
 # options of policy_loss, GSPO, CISPO, KL as a loss, rollout corrections. Every (B, T) bundle has
 # holes, padding and (unless told otherwise) empty rows and rows of unequal length.
 
-ALL_LOSS_AGGREGATIONS: tuple[str, ...] = (*LOSS_AGGREGATIONS, "seq-mean-token-sum-norm")
-"""Every loss_agg mode of ``aggregate_loss`` (AGG-1 adds ``seq-mean-token-sum-norm``)."""
-GROUP_METHODS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
-STD_SCOPES: tuple[str, ...] = ("group", "batch", "none")
-KL_LOSS_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "k3+")
-CORRECTION_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-geometric")
-CORRECTION_MODES: tuple[str, ...] = ("truncate", "mask")
 GROUP_ID_POOL: tuple[int, ...] = (7, -3, 0, 42, 5, 1000, 11, 2, -8, 64)
 """Group ids are drawn from this pool: not contiguous, not sorted, negative ones included."""
 
@@ -1146,7 +1143,7 @@ def _norm_constant(draw: st.DrawFn, loss_agg: str) -> float | None:
 def aggregation_batches(
     draw: st.DrawFn,
     *,
-    loss_aggs: Sequence[str] = ALL_LOSS_AGGREGATIONS,
+    loss_aggs: Sequence[str] = LOSS_AGGREGATIONS,
     max_rows: int = MAX_ROWS,
     max_steps: int = MAX_STEPS,
     dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
@@ -1210,7 +1207,7 @@ def clip_batches(
     max_rows: int = MAX_ROWS,
     max_steps: int = MAX_STEPS,
     dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
-    loss_aggs: Sequence[str] = LOSS_AGGREGATIONS,
+    loss_aggs: Sequence[str] = COUNT_AGGREGATIONS,
     high: bool | None = None,
     dual: bool | None = None,
     junk: bool | None = None,
@@ -1282,7 +1279,7 @@ def cispo_batches(
     max_rows: int = MAX_ROWS,
     max_steps: int = MAX_STEPS,
     dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
-    loss_aggs: Sequence[str] = ALL_LOSS_AGGREGATIONS,
+    loss_aggs: Sequence[str] = LOSS_AGGREGATIONS,
     empty_rows: bool = True,
     junk: bool | None = None,
 ) -> CISPOBatch:
@@ -1308,7 +1305,7 @@ def kl_loss_batches(
     max_rows: int = MAX_ROWS,
     max_steps: int = MAX_STEPS,
     dtypes: Sequence[torch.dtype] = FLOAT_DTYPES,
-    loss_aggs: Sequence[str] = ALL_LOSS_AGGREGATIONS,
+    loss_aggs: Sequence[str] = LOSS_AGGREGATIONS,
     empty_rows: bool = True,
     junk: bool | None = None,
 ) -> KLLossBatch:

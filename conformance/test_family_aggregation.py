@@ -41,7 +41,7 @@ def _by_aggregation(*extra: str) -> pytest.MarkDecorator:
                 agg,
                 marks=[pytest.mark.clause(_agg_clause(agg), *extra), pytest.mark.needs(f"loss_agg:{agg}")],
             )
-            for agg in cs.ALL_LOSS_AGGREGATIONS
+            for agg in cs.LOSS_AGGREGATIONS
         ],
     )
 
@@ -221,7 +221,7 @@ PARTITION_OPS = ("aggregate_loss", "policy_loss", "value_loss", "cispo_loss", "k
     "loss_agg",
     [
         pytest.param(agg, marks=[pytest.mark.clause("AGG-2", "AGG-3"), pytest.mark.needs(f"loss_agg:{agg}")])
-        for agg in cs.ALL_LOSS_AGGREGATIONS
+        for agg in cs.LOSS_AGGREGATIONS
     ],
 )
 @examples()

@@ -34,7 +34,7 @@ def _by_estimator(*clauses: str) -> pytest.MarkDecorator:
 
 
 def _aggs(ctx: Context) -> tuple[str, ...]:
-    aggs = [a for a in cs.ALL_LOSS_AGGREGATIONS if a in ctx.conventions.loss_aggregations]
+    aggs = [a for a in cs.LOSS_AGGREGATIONS if a in ctx.conventions.loss_aggregations]
     if "counts" not in ctx.conventions.policy_loss_options:  # the norm mode needs norm_constant
         aggs = [a for a in aggs if a != "seq-mean-token-sum-norm"] or aggs
     return tuple(aggs)

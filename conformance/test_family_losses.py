@@ -88,7 +88,7 @@ def _by_options(clause: str | None = None) -> pytest.MarkDecorator:
 
 
 def _draw_clip(ctx: Context, data: st.DataObject, options: str) -> cs.ClipBatch:
-    aggs = [a for a in cs.LOSS_AGGREGATIONS if a in ctx.conventions.loss_aggregations]
+    aggs = [a for a in cs.COUNT_AGGREGATIONS if a in ctx.conventions.loss_aggregations]
     return data.draw(
         cs.clip_batches(loss_aggs=aggs, high=options in ("high", "both"), dual=options in ("dual", "both")),
         label="batch",
@@ -372,7 +372,7 @@ def _cispo_bounds(ctx: Context, clip_low: float, clip_high: float) -> tuple[floa
 
 
 def _draw_cispo(ctx: Context, data: st.DataObject, loss_agg: str | None = None) -> cs.CISPOBatch:
-    aggs = [a for a in cs.ALL_LOSS_AGGREGATIONS if a in ctx.conventions.loss_aggregations]
+    aggs = [a for a in cs.LOSS_AGGREGATIONS if a in ctx.conventions.loss_aggregations]
     if "counts" not in ctx.conventions.policy_loss_options:
         aggs = [a for a in aggs if a != "seq-mean-token-sum-norm"] or aggs
     return data.draw(cs.cispo_batches(loss_aggs=(loss_agg,) if loss_agg else aggs), label="batch")
@@ -467,7 +467,7 @@ def test_reference_helpers_agree() -> None:
     """The helper's aggregation weights are those of ppo_ref.aggregate_loss (guards this module)."""
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 1]])
     x = torch.arange(9, dtype=F64).reshape(3, 3).requires_grad_(True)
-    for agg in cs.ALL_LOSS_AGGREGATIONS:
+    for agg in cs.LOSS_AGGREGATIONS:
         norm: dict[str, Any] = {"norm_constant": 4.0} if agg == "seq-mean-token-sum-norm" else {}
         (grad,) = torch.autograd.grad(ppo_ref.aggregate_loss(x, mask, agg, **norm), x)
         torch.testing.assert_close(grad, _token_weights(mask, agg, norm.get("norm_constant")))

@@ -47,7 +47,7 @@ def _estimator(ctx: Context, data: st.DataObject) -> str:
 
 
 def _agg(ctx: Context, data: st.DataObject) -> str:
-    modes = sorted(set(ctx.conventions.loss_aggregations) & set(cs.LOSS_AGGREGATIONS))  # norm mode: AGG-1
+    modes = sorted(set(ctx.conventions.loss_aggregations) & set(cs.COUNT_AGGREGATIONS))  # norm mode: AGG-1
     return data.draw(st.sampled_from(modes), label="loss_agg")
 
 

@@ -35,7 +35,7 @@ LARGE_SCORE = 1000.0
 def test_policy_loss_at_extreme_log_ratios(ctx: Context, data: st.DataObject) -> None:
     """Loss and statistics with log-ratios up to +-30 on tokens of log-prob down to -42 match the
     reference (with the declared conventions, e.g. a declared log_ratio_clamp, applied)."""
-    modes = sorted(set(ctx.conventions.loss_aggregations) & set(cs.LOSS_AGGREGATIONS))  # norm mode: AGG-1
+    modes = sorted(set(ctx.conventions.loss_aggregations) & set(cs.COUNT_AGGREGATIONS))  # norm mode: AGG-1
     agg = data.draw(st.sampled_from(modes), label="loss_agg")
     batch = data.draw(cs.policy_batches(loss_aggs=(agg,), junk=False), label="batch")
     shape, dtype = tuple(batch.mask.shape), batch.logp.dtype

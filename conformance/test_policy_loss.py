@@ -30,7 +30,7 @@ from .support import (
 
 pytestmark = pytest.mark.ops("policy_loss")
 
-AGGREGATIONS = cs.LOSS_AGGREGATIONS
+AGGREGATIONS = cs.COUNT_AGGREGATIONS
 
 
 def _by_aggregation() -> pytest.MarkDecorator:

@@ -104,7 +104,7 @@ def test_batch_of_junk_without_action_tokens_gives_zero(
     ctx: Context, rows: int, steps: int, dtype: torch.dtype, data: st.DataObject
 ) -> None:
     """ROB-3: every slot masked out and holding junk: loss 0 with a zero gradient, statistics 0."""
-    modes = sorted(set(ctx.conventions.loss_aggregations) & set(cs.LOSS_AGGREGATIONS))
+    modes = sorted(set(ctx.conventions.loss_aggregations) & set(cs.COUNT_AGGREGATIONS))
     junk = [data.draw(cs.junk_tensors((rows, steps), dtype)) for _ in range(3)]
     kwargs = {
         "logp": junk[0],
@@ -134,7 +134,7 @@ def test_batch_of_junk_without_action_tokens_gives_zero(
 
 
 def _agg_modes(ctx: Context) -> list[str]:
-    return sorted(set(ctx.conventions.loss_aggregations) & set(cs.ALL_LOSS_AGGREGATIONS))
+    return sorted(set(ctx.conventions.loss_aggregations) & set(cs.LOSS_AGGREGATIONS))
 
 
 def _with_norm(kwargs: dict[str, Any], norm_constant: float | None) -> dict[str, Any]:

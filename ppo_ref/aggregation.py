@@ -21,7 +21,9 @@ from ppo_ref._validate import check_finite_where, check_float, check_mask, check
 from ppo_ref.masked import masked_sum
 
 __all__ = [
+    "COUNT_AGGREGATIONS",
     "LOSS_AGGREGATIONS",
+    "NORM_AGGREGATION",
     "LossAggregation",
     "aggregate_loss",
     "check_aggregation",
@@ -31,6 +33,11 @@ LossAggregation = Literal[
     "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
 ]
 LOSS_AGGREGATIONS: tuple[str, ...] = get_args(LossAggregation)
+"""Every ``loss_agg`` mode, in the order of :func:`aggregate_loss`'s table."""
+NORM_AGGREGATION = "seq-mean-token-sum-norm"
+"""The one mode that divides by a constant (``norm_constant``, Dr. GRPO) instead of the batch's counts."""
+COUNT_AGGREGATIONS: tuple[str, ...] = tuple(m for m in LOSS_AGGREGATIONS if m != NORM_AGGREGATION)
+"""The modes that normalise by the batch's own token or row counts (every mode but the norm mode)."""
 
 
 def _check_count(value: object, name: str, at_least: int) -> float | None:

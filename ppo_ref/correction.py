@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 import torch
 from torch import Tensor
 
 from ppo_ref._validate import check_finite_where, check_float, check_mask, check_real, compute_dtype
 from ppo_ref.masked import masked_sum
 
-__all__ = ["CORRECTION_LEVELS", "CORRECTION_MODES", "rollout_correction"]
+__all__ = [
+    "CORRECTION_LEVELS",
+    "CORRECTION_MODES",
+    "CorrectionLevel",
+    "CorrectionMode",
+    "rollout_correction",
+]
 
-CORRECTION_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-geometric")
-CORRECTION_MODES: tuple[str, ...] = ("truncate", "mask")
+CorrectionLevel = Literal["token", "sequence", "sequence-geometric"]
+CORRECTION_LEVELS: tuple[str, ...] = get_args(CorrectionLevel)
+"""Where :func:`rollout_correction` forms its importance weight (``level``)."""
+CorrectionMode = Literal["truncate", "mask"]
+CORRECTION_MODES: tuple[str, ...] = get_args(CorrectionMode)
+"""What :func:`rollout_correction` does with a weight outside its bounds (``mode``)."""
 
 
 def rollout_correction(

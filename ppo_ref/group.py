@@ -9,12 +9,25 @@ from torch import Tensor
 
 from ppo_ref._validate import check_finite_where, check_float, check_real, compute_dtype
 
-__all__ = ["GROUP_METHODS", "GroupMethod", "group_advantages"]
+__all__ = [
+    "GROUP_METHODS",
+    "SINGLETON_RULES",
+    "STD_SCOPES",
+    "GroupMethod",
+    "SingletonRule",
+    "StdScope",
+    "group_advantages",
+]
 
 GroupMethod = Literal["grpo", "dr_grpo", "rloo"]
 GROUP_METHODS: tuple[str, ...] = get_args(GroupMethod)
-STD_SCOPES: tuple[str, ...] = ("group", "batch", "none")
-SINGLETON_RULES: tuple[str, ...] = ("zero", "error")
+"""The group methods of :func:`group_advantages` (its ``method``)."""
+StdScope = Literal["group", "batch", "none"]
+STD_SCOPES: tuple[str, ...] = get_args(StdScope)
+"""Whose standard deviation scales a GRPO advantage (``std_scope``)."""
+SingletonRule = Literal["zero", "error"]
+SINGLETON_RULES: tuple[str, ...] = get_args(SingletonRule)
+"""What :func:`group_advantages` does with a group of one (``singleton``)."""
 
 
 def _check_group_ids(group_ids: object, rows: int) -> Tensor:

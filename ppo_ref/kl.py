@@ -17,6 +17,7 @@ from ppo_ref._validate import (
 )
 
 __all__ = [
+    "KL_ESTIMATORS",
     "AdaptiveKLController",
     "FixedKLController",
     "KLEstimator",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -23,6 +24,7 @@ __all__ = [
     "LossAggregation",
     "PenaltyLossResult",
     "PolicyLossResult",
+    "ValueClipForm",
     "aggregate_loss",
     "policy_loss",
     "ppo_penalty_loss",
@@ -30,7 +32,8 @@ __all__ = [
     "value_loss",
 ]
 
-VALUE_CLIP_FORMS: tuple[str, ...] = ("max", "clipped-only")
+ValueClipForm = Literal["max", "clipped-only"]
+VALUE_CLIP_FORMS: tuple[str, ...] = get_args(ValueClipForm)
 """The forms of the clipped value loss :func:`value_loss` computes (its ``clip_form``)."""
 
 

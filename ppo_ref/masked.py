@@ -8,6 +8,7 @@ a padded slot reaches neither the result nor a gradient (``x * mask`` would give
 from __future__ import annotations
 
 import math
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
@@ -17,6 +18,7 @@ from ppo_ref._validate import check_bool, check_finite_where, check_float, check
 __all__ = [
     "EPS_PLACEMENTS",
     "WHITEN_EPS",
+    "EpsPlacement",
     "masked_mean",
     "masked_mean_var",
     "masked_sum",
@@ -26,7 +28,8 @@ __all__ = [
 
 WHITEN_EPS = 1e-8
 """Added to the variance before the square root in :func:`masked_whiten`."""
-EPS_PLACEMENTS: tuple[str, ...] = ("inside-sqrt", "outside-sqrt", "clamp")
+EpsPlacement = Literal["inside-sqrt", "outside-sqrt", "clamp"]
+EPS_PLACEMENTS: tuple[str, ...] = get_args(EpsPlacement)
 """Where :func:`masked_whiten` adds its epsilon (``eps_placement``)."""
 
 

@@ -67,7 +67,7 @@ OLD_LOGP = torch.tensor(
 )
 
 
-@pytest.mark.parametrize("loss_agg", cs.ALL_LOSS_AGGREGATIONS)
+@pytest.mark.parametrize("loss_agg", cs.LOSS_AGGREGATIONS)
 def test_gradcheck_policy_loss_with_clip_higher_and_dual_clip(loss_agg: str) -> None:
     norm = {"norm_constant": 6.0} if loss_agg == "seq-mean-token-sum-norm" else {}
 
@@ -79,7 +79,7 @@ def test_gradcheck_policy_loss_with_clip_higher_and_dual_clip(loss_agg: str) -> 
     assert torch.autograd.gradcheck(loss, (_leaf(OLD_LOGP + LOG_RATIO),))
 
 
-@pytest.mark.parametrize("loss_agg", cs.ALL_LOSS_AGGREGATIONS)
+@pytest.mark.parametrize("loss_agg", cs.LOSS_AGGREGATIONS)
 def test_gradcheck_aggregate_loss_and_value_loss(loss_agg: str) -> None:
     norm = {"norm_constant": 3.5} if loss_agg == "seq-mean-token-sum-norm" else {}
     assert torch.autograd.gradcheck(
@@ -152,7 +152,7 @@ def _clip_kinks(batch: cs.ClipBatch) -> Tensor:
 
 
 @pytest.mark.clause("CLIP-1", "CLIP-2")
-@given(cs.clip_batches(loss_aggs=cs.ALL_LOSS_AGGREGATIONS), cs.norm_constants())
+@given(cs.clip_batches(loss_aggs=cs.LOSS_AGGREGATIONS), cs.norm_constants())
 def test_clip_slopes(batch: cs.ClipBatch, constant: float) -> None:
     """d loss / d logp_t = -w_t * ratio_t A_t off the flat branches, 0 on them (dual-clip bound
     included), 0 off the mask; w_t the token's aggregation weight."""

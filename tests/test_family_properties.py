@@ -220,7 +220,7 @@ def _loss_inputs(op: str, data: st.DataObject) -> tuple[dict[str, Any], str, str
         kwargs = {"logp": g.logp, "old_logp": g.old_logp, "advantages": g.advantages, "mask": g.mask,
                   "clip_eps": g.clip_eps, "clip_eps_high": g.clip_eps_high}  # fmt: skip
         return kwargs, "gspo", "logp"
-    agg = cs.ALL_LOSS_AGGREGATIONS
+    agg = cs.LOSS_AGGREGATIONS
     if op == "aggregate_loss":
         a = data.draw(cs.aggregation_batches(), label="batch")
         return {"per_token": a.per_token, "mask": a.mask, "loss_agg": a.loss_agg,

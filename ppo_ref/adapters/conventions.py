@@ -42,7 +42,12 @@ from torch import Tensor
 
 import ppo_ref
 from ppo_ref.adapters.base import OP_NAMES as _OP_NAMES
-from ppo_ref.kl import last_action_index
+from ppo_ref.aggregation import LOSS_AGGREGATIONS
+from ppo_ref.correction import CORRECTION_LEVELS, CORRECTION_MODES
+from ppo_ref.group import GROUP_METHODS
+from ppo_ref.group import STD_SCOPES as GROUP_STD_SCOPES
+from ppo_ref.kl import KL_ESTIMATORS, last_action_index
+from ppo_ref.kl_loss import KL_LOSS_ESTIMATORS
 from ppo_ref.masked import EPS_PLACEMENTS, WHITEN_EPS
 
 __all__ = [
@@ -82,26 +87,14 @@ __all__ = [
     "with_value_slot",
 ]
 
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
-LOSS_AGGREGATIONS: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-)
 POLICY_LOSS_OPTIONS: tuple[str, ...] = ("clip_eps_high", "dual_clip", "counts")
 """Keywords of ``policy_loss`` (and, for ``counts``, of every loss op) an adapter may lack:
 ``clip_eps_high`` (CLIP-1), ``dual_clip`` (CLIP-2), ``counts`` (``norm_constant``, ``token_count``,
 ``row_count``, and ``value_loss``'s ``loss_agg``: AGG-1..3)."""
-GROUP_METHODS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo")
-GROUP_STD_SCOPES: tuple[str, ...] = ("group", "batch", "none")
 GROUP_SINGLETONS: tuple[str, ...] = ("zero", "raw-score", "unguarded")
 CONSTANT_GROUPS: tuple[str, ...] = ("exact", "rounding")
 CISPO_BOUNDS: tuple[str, ...] = ("offsets", "absolute-cap")
 GSPO_CLIPFRACS: tuple[str, ...] = ("sequences", "tokens")
-KL_LOSS_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3", "k3+")
-CORRECTION_LEVELS: tuple[str, ...] = ("token", "sequence", "sequence-geometric")
-CORRECTION_MODES: tuple[str, ...] = ("truncate", "mask")
 CORRECTION_BOUNDS: tuple[str, ...] = ("truncate-low", "mask-open-low")
 """What ``rollout_correction`` does with ``low`` (an adapter may lack either): ``truncate-low``, a
 ``low`` in truncate mode raises the weights below it to it; ``mask-open-low``, mask mode without a
@@ -928,7 +921,9 @@ INFERABLE: Mapping[str, Inferable] = MappingProxyType(
         "log_ratio_clamp": Inferable(("policy_loss",), (20.0, 10.0)),
         "log_ratio_clamp_statistics": Inferable(("policy_loss",), ("raw",), requires="log_ratio_clamp"),
         "whiten_variance": Inferable(("masked_whiten", "gae"), ("biased",)),
-        "whiten_eps_placement": Inferable(("masked_whiten", "gae"), ("outside-sqrt", "clamp")),
+        "whiten_eps_placement": Inferable(
+            ("masked_whiten", "gae"), tuple(p for p in EPS_PLACEMENTS if p != "inside-sqrt")
+        ),
         "gae_whitening": Inferable(("gae",), ("unbiased", "biased")),
         "value_after_last_action_token": Inferable(("gae", "value_loss"), ("trained",)),
         "kl_clamp": Inferable(("kl_penalty", "token_rewards"), ({"k3": 10.0}, 10.0)),

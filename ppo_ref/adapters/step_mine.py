@@ -28,17 +28,11 @@ from torch import Tensor
 
 from ppo_ref.adapters.step import StepBatch, StepResult
 from ppo_ref.adapters.step_kit import check_run, gradient_of, padded, step_result, tiny_config, tiny_model
+from ppo_ref.aggregation import LOSS_AGGREGATIONS
 
 __all__ = ["MineStep", "make_step"]
 
-LOSS_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-sum-norm",
-    "cispo",
-    "gspo",
-)
+LOSS_MODES: tuple[str, ...] = (*LOSS_AGGREGATIONS, "cispo", "gspo")
 
 
 def _mode_settings(loss_mode: str) -> dict[str, Any]:

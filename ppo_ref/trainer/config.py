@@ -19,6 +19,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal, Union
 
+from ppo_ref.aggregation import LossAggregation
+from ppo_ref.group import GROUP_METHODS, GroupMethod
+from ppo_ref.kl import KLEstimator
+from ppo_ref.kl_loss import KLLossEstimator
+
 __all__ = [
     "CRITIC_FIELDS",
     "CRITIC_FREE_ESTIMATORS",
@@ -96,7 +101,7 @@ class TrainerConfig:
     """Target of the adaptive controller: mean per-sequence summed KL to the reference."""
     kl_horizon: float = 10000.0
     """Horizon of the adaptive controller, in sequences."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k1"
+    kl_estimator: KLEstimator = "k1"
     """Per-token KL estimator for the reward penalty and the logged kl_ref."""
     truncation: Literal["terminal", "bootstrap"] = "terminal"
     """A response cut at max_new_tokens: terminal (V_next = 0) or bootstrap (V_next from the critic)."""
@@ -106,9 +111,7 @@ class TrainerConfig:
     """Discount factor."""
     lam: float = 0.95
     """GAE lambda."""
-    advantage_estimator: Literal["gae", "grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++-baseline"] = (
-        "gae"
-    )
+    advantage_estimator: Literal["gae", GroupMethod, "reinforce++", "reinforce++-baseline"] = "gae"
     """gae (with a critic), or critic-free (no value model is built): grpo, dr_grpo or rloo (one
     advantage per response from its group, on its return sum_t r_t, not whitened), reinforce++
     (discounted returns, whitened) or reinforce++-baseline (return minus the group's mean, whitened)."""
@@ -131,9 +134,7 @@ class TrainerConfig:
     """Weight of the value loss."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (subtracted from the loss)."""
-    loss_agg: Literal[
-        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
-    ] = "token-mean"
+    loss_agg: LossAggregation = "token-mean"
     """Reduction of the policy (and KL) loss over a minibatch, as ppo_ref.aggregate_loss (the last mode
     is Dr. GRPO's); normalised by the whole minibatch's counts, however it is split into micro
     batches and processes."""
@@ -152,7 +153,7 @@ class TrainerConfig:
     kl_in: Literal["reward", "loss"] = "reward"
     """Where the KL to the reference goes: the token rewards (-kl_coef * KL per token), or the loss
     (kl_coef * kl_loss, aggregated like the policy loss; then no KL in the rewards)."""
-    kl_loss_estimator: Literal["k1", "k2", "k3", "k3+"] | None = None
+    kl_loss_estimator: KLLossEstimator | None = None
     """KL estimator of kl_in = loss (None = k3, as GRPO); only with kl_in = loss."""
     rollout_correction: Literal[
         "none",
@@ -406,14 +407,14 @@ class TrainerConfig:
         return self.rollout_batch_size // self.num_minibatches
 
 
-CRITIC_FREE_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++-baseline")
+CRITIC_FREE_ESTIMATORS: tuple[str, ...] = (*GROUP_METHODS, "reinforce++", "reinforce++-baseline")
 """The advantage estimators without a critic: the trainer builds no value model for them."""
 
-SEQUENCE_LEVEL_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce++-baseline")
+SEQUENCE_LEVEL_ESTIMATORS: tuple[str, ...] = (*GROUP_METHODS, "reinforce++-baseline")
 """The advantage estimators that give one advantage per sequence (the same on each of its action
 tokens; whitening keeps that): the ones policy_loss = gspo accepts."""
 
-GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "dr_grpo", "rloo", "reinforce++-baseline")
+GROUP_ESTIMATORS: tuple[str, ...] = (*GROUP_METHODS, "reinforce++-baseline")
 """The advantage estimators whose baseline is the group of responses to the same prompt (group_size >= 2)."""
 
 CRITIC_FIELDS: dict[str, tuple[str, ...]] = {

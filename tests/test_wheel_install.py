@@ -1,7 +1,8 @@
 """The conformance suite as a user installs it (issues 13, 24): build the wheel, install it in a fresh
 virtual environment with the README's install lines (the extra ``conformance`` only, no trainer),
-and run the documented commands (``python -m pytest`` and plain ``pytest``) and ``run_conformance``
-against ``examples/my_ppo_adapter.py`` copied outside the repository. The reports must be the
+and run the documented commands (``python -m pytest`` and plain ``pytest``), ``run_conformance`` and
+``check_op`` (``examples/test_my_losses.py``) against ``examples/my_ppo_adapter.py`` copied outside
+the repository. The reports must be the
 checkout's; the build prints no license deprecation warning; the install pulls none of the
 trainer's packages, and ``ppo-ref train`` there says which extra it needs.
 
@@ -146,10 +147,11 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_
     )
     assert 'pip install "ppo-ref[trainer]"' in train.stderr and "Traceback" not in train.stderr
 
-    # The user's repository: their adapter, nothing of ppo-ref's.
+    # The user's repository: their adapter and their check_op tests, nothing of ppo-ref's.
     user = tmp_path / "users_repo"
     user.mkdir()
     shutil.copy2(ROOT / "examples" / "my_ppo_adapter.py", user / "my_ppo_adapter.py")
+    shutil.copy2(ROOT / "examples" / "test_my_losses.py", user / "test_my_losses.py")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PPO_REF_IMPL")}
     where = _run(
         [
@@ -189,6 +191,9 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_
         env,
     )
     assert api.stdout.split()[-4:] == ["True", "0", SPEC_VERSION, "pass"]
+    # check_op inside the user's own pytest run, as examples/test_my_losses.py's docstring types it
+    own_tests = _run([python, "-m", "pytest", "test_my_losses.py", "-p", "no:cacheprovider"], user, env)
+    assert own_tests.stdout.strip().splitlines()[-1].startswith("=") and " 2 passed" in own_tests.stdout
     # The README's example, as printed, on this adapter.
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     example = re.search(r"From Python, `run_conformance`.*?```python\n(.*?)```", readme, flags=re.DOTALL)

@@ -10,7 +10,7 @@ the ``conventions`` you pass) and runs the whole suite against it with :func:`.a
 the same clauses, the same tests, the same verdicts (``pass``, ``declared convention``, ``matches
 undeclared convention``, ``fail``, ``not provided``) and kinds (value, edge, robustness) as ``pytest
 --pyargs ppo_ref_conformance --impl=...`` with an adapter that provides only that op. It keeps the
-clauses that concern the op: the op's own clauses (:data:`ppo_ref.adapters.conventions.OP_CLAUSES`,
+clauses that concern the op: the op's own clauses (its row of the op registry :data:`ppo_ref.ops.OPS`,
 listed even when the adapter's declarations leave them ``not provided``), every other clause one of
 whose tests ran (the masked-input, edge and robustness clauses that call the op), and ``CONTRACT``.
 Any of those failing raises :class:`OpConformanceError` (an ``AssertionError``, so pytest reports it
@@ -38,8 +38,8 @@ from typing import Any
 from hypothesis import settings
 from hypothesis.errors import InvalidArgument
 
-from ppo_ref.adapters.base import OP_NAMES
-from ppo_ref.adapters.conventions import OP_CLAUSES, convention_problems
+from ppo_ref.adapters.conventions import convention_problems
+from ppo_ref.ops import OP_NAMES, OPS
 
 from .api import ClauseResult, ConformanceReport, run_conformance
 
@@ -220,7 +220,7 @@ def check_op(
         for profile_name, profile_settings in saved.items():
             settings.register_profile(profile_name, profile_settings)
         settings.load_profile(profile)
-    own = set(OP_CLAUSES[op])
+    own = set(OPS[op].clauses)
     kept = tuple(c for c in full.clauses if c.id == "CONTRACT" or c.id in own or c.verdict not in _UNCHECKED)
     check = OpCheck(op=op, clauses=kept, report=full, conventions=dict(adapter.conventions))
     if raise_on_failure and not check.passed:

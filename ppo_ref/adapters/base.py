@@ -18,6 +18,8 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
+from ppo_ref.ops import OP_NAMES as _OP_NAMES
+
 __all__ = [
     "OP_NAMES",
     "Adapter",
@@ -44,27 +46,11 @@ __all__ = [
     "contract_problems",
 ]
 
-OP_NAMES: tuple[str, ...] = (
-    "token_logprobs",
-    "entropy",
-    "masked_mean",
-    "masked_whiten",
-    "kl_penalty",
-    "token_rewards",
-    "gae",
-    "policy_loss",
-    "value_loss",
-    "ppo_penalty_loss",
-    "group_advantages",
-    "aggregate_loss",
-    "gspo_loss",
-    "cispo_loss",
-    "kl_loss",
-    "rollout_correction",
-)
-"""Every op an adapter may provide, in the order the report lists them. All are optional; the
-last six (the PPO family: critic-free advantages, loss aggregation, GSPO, CISPO, KL as a loss and
-rollout corrections) are newer, and most adapters provide a part of them."""
+OP_NAMES: tuple[str, ...] = _OP_NAMES
+"""Every op an adapter may provide, in the order the report lists them (the rows of the op registry
+:data:`ppo_ref.ops.OPS`). All are optional; the last six (the PPO family: critic-free advantages,
+loss aggregation, GSPO, CISPO, KL as a loss and rollout corrections) are newer, and most adapters
+provide a part of them."""
 
 
 @runtime_checkable

@@ -49,6 +49,7 @@ from ppo_ref.group import STD_SCOPES as GROUP_STD_SCOPES
 from ppo_ref.kl import KL_ESTIMATORS, last_action_index
 from ppo_ref.kl_loss import KL_LOSS_ESTIMATORS
 from ppo_ref.masked import EPS_PLACEMENTS, WHITEN_EPS
+from ppo_ref.ops import OPS
 
 __all__ = [
     "CISPO_BOUNDS",
@@ -282,26 +283,7 @@ def constant_group_bound(scores: Tensor, group_size: int, std_eps: float | None 
     return 4.0 * group_size * torch.finfo(dtype).eps * largest * amplification
 
 
-OP_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
-    {
-        "token_logprobs": ("LOGP-1", "LOGP-2", "LOGP-3"),
-        "entropy": ("ENT-1",),
-        "masked_mean": ("MASK-1",),
-        "masked_whiten": ("MASK-2", "MASK-3", "RPP-1", "RPP-2"),
-        "kl_penalty": ("KL-1", "KL-2", "KL-3", "KL-4"),
-        "token_rewards": ("RWD-1", "RWD-2", "RWD-3"),
-        "gae": ("GAE-1", "GAE-2", "GAE-3", "GAE-4", "RPP-1"),
-        "policy_loss": ("PG-1", "PG-2", "PG-3", "PG-4", "PG-5", "PG-6", "PG-7", "CLIP-1", "CLIP-2", "CLIP-3"),
-        "value_loss": ("VF-1", "VF-2"),
-        "ppo_penalty_loss": ("PEN-1",),
-        "group_advantages": ("GRP-1", "GRP-2", "GRP-3", "GRP-4", "RPP-2"),
-        "aggregate_loss": ("AGG-1", "AGG-2", "AGG-3"),
-        "gspo_loss": ("GSPO-1", "GSPO-2", "GSPO-3"),
-        "cispo_loss": ("CISPO-1", "CISPO-2"),
-        "kl_loss": ("KLL-1", "KLL-2", "KLL-3"),
-        "rollout_correction": ("IS-1", "IS-2", "IS-3"),
-    }
-)
+OP_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType({op.name: op.clauses for op in OPS.values()})
 """The clauses whose tests call each op (for the report rows a per-op convention touches)."""
 MASKED_OUTPUT_OPS: tuple[str, ...] = (
     "masked_whiten",

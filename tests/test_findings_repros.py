@@ -158,6 +158,7 @@ def _library_modules() -> dict[str, set[str]]:
         ("trl_step.py", "trl"): "",
         ("trl_step.py", "trl116"): "trl.experimental.ppo",
         ("openrlhf_step.py", "openrlhf"): "",
+        ("swift_step.py", "swift"): "",
     }
     for (name, env), absent in runners.items():
         modules = _imported_modules(REPO / "ppo_ref" / "adapters" / "thirdparty" / name)
@@ -165,7 +166,7 @@ def _library_modules() -> dict[str, set[str]]:
             m
             for m in modules
             if m.split(".")[0]
-            in ("verl", "trl", "transformers", "accelerate", "datasets", "openrlhf", "deepspeed")
+            in ("verl", "trl", "transformers", "accelerate", "datasets", "openrlhf", "deepspeed", "swift")
         }
         by_env.setdefault(env, set()).update(m for m in library if not (absent and m.startswith(absent)))
     return by_env

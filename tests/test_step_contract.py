@@ -124,7 +124,8 @@ def test_runner_lookup_and_contract() -> None:
         name = "mine"
         step = object()
 
-    assert set(BUILTIN_STEP_RUNNERS) == {"mine", "trl", "trl116", "verl", "openrlhf"}  # the adapters' names
+    names = {"mine", "trl", "trl116", "verl", "openrlhf", "swift"}  # the adapters' names
+    assert set(BUILTIN_STEP_RUNNERS) == names
     assert step_runner(WithStep()) is runner
     assert isinstance(step_runner(Named()), MineStep)
     assert step_runner(Unknown()) is None

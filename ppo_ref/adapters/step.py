@@ -64,6 +64,7 @@ BUILTIN_STEP_RUNNERS: Mapping[str, str] = {
     "trl116": "ppo_ref.adapters.thirdparty.trl_step:make_step",  # TRL 1.16: GRPOTrainer
     "verl": "ppo_ref.adapters.thirdparty.verl_step:make_step",  # verl 0.9.1: the FSDP engine's actor update
     "openrlhf": "ppo_ref.adapters.thirdparty.openrlhf_step:make_step",  # OpenRLHF 0.11.2: the PPO actor's fit
+    "swift": "ppo_ref.adapters.thirdparty.swift_step:make_step",  # ms-swift 4.6.0: GRPOTrainer via SwiftRLHF
 }
 """Adapter name -> ``module:factory`` of its step runner (the factory returns None where the
 installed version has none), for adapters that do not carry a ``step`` attribute themselves."""

@@ -1,0 +1,159 @@
+"""The trainer-step tier run against ms-swift 4.6.0's own ``GRPOTrainer``, in ``.envs/swift``
+(spec STEP-1..5).
+
+``pytest conformance/test_step_tier.py --impl=swift`` (the built-in step runner of the ``swift``
+adapter, ``ppo_ref.adapters.thirdparty.swift_step``: ms-swift's ``SwiftRLHF`` pipeline builds the
+``GRPOTrainer`` and ``train()`` takes one optimizer step; the batch's completions come back from a
+stand-in for the generation engine with vLLM's ``finish_reason``; every ``loss_type`` with a
+policy-gradient loss). The verdicts are pinned in :data:`EXPECTED_FAILURES`: a change upstream, or a
+regression of the runner, shows up here. The gradient is also checked against the formula computed here
+independently on the same model. Skipped where the environment is missing
+(``python tools/thirdparty_envs.py swift``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.thirdparty_env import thirdparty_python
+
+REPO = Path(__file__).resolve().parents[1]
+EXPECTED_FAILURES = {
+    "test_step1_ratio_is_one_before_any_update",  # swift-cispo-epsilon
+    "test_step2_micro_batches_give_the_whole_batch_gradient[2]",  # swift-bnpo-micro-batch-mean
+    "test_step2_micro_batches_give_the_whole_batch_gradient[4]",
+}
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
+
+ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+# the checkout's plugin (conformance.plugin), not the one an editable install of another checkout names
+PLUGIN = ["-p", "no:ppo_ref_conformance", "-p", "conformance.plugin"]
+
+
+def _python() -> Path:
+    return thirdparty_python("swift")  # skips where .envs/swift is missing
+
+
+def test_step_tier_verdicts_of_swift() -> None:
+    command = [str(_python()), "-m", "pytest", "conformance/test_step_tier.py", "--impl=swift", *PLUGIN]
+    command += ["-q", "-p", "no:cacheprovider", "-rfE", "--tb=short"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=900)
+    failed = set(re.findall(r"^FAILED conformance/test_step_tier.py::(\S+)", done.stdout, re.MULTILINE))
+    passed = re.search(r"(\d+) passed", done.stdout)
+    assert failed == EXPECTED_FAILURES, done.stdout[-3000:]
+    assert passed is not None and int(passed.group(1)) == 8 - len(failed), done.stdout[-3000:]
+
+
+CHECK = """
+import json
+import torch
+from ppo_ref.adapters.step import example_batch, treated_as_truncated
+from ppo_ref.adapters.thirdparty.swift_step import SwiftGrpoStep
+batch = example_batch(budget=6, prompt_length=9)
+runner = SwiftGrpoStep()
+out = {}
+record = runner._train(batch, "grpo", 2, None, batch.pad_id)
+trainer = record["trainer"]
+out["trainer"] = [type(trainer).__module__ + "." + type(trainer).__name__, float(trainer.temperature),
+                  trainer.loss_type, trainer.advantage_estimator, trainer.scale_rewards]
+out["requests"] = sorted(record["order"].rows)
+plain = runner.run(batch, loss_mode="grpo")
+out["plain_rewards"] = plain.outputs["rewards"].tolist()
+out["plain_mask_rows"] = plain.outputs["loss_mask"].sum(dim=1).tolist()
+out["plain_rows"] = list(treated_as_truncated(batch, plain.outputs))
+cut = runner.truncation_run(batch)
+out["cut_mask_rows"] = cut.outputs["loss_mask"].sum(dim=1).tolist()
+out["cut_rows"] = list(treated_as_truncated(batch, cut.outputs))
+out["x4"] = runner.run(batch, loss_mode="grpo", micro_batches=4).stats["micro_batches_run"]
+out["pad9"] = runner.run(batch, loss_mode="grpo", pad_to=9).stats["columns"]
+errors = []
+for kwargs in ({"loss_mode": "token-mean"}, {"loss_mode": "grpo", "micro_batches": 3},
+               {"loss_mode": "grpo", "pad_fill": 1}):
+    try:
+        runner.run(batch, **kwargs)
+    except ValueError as error:
+        errors.append(str(error).split(":")[0])
+out["errors"] = errors
+# the formula, computed independently on the same model (fp32, eager attention)
+from transformers import AutoModelForCausalLM
+path = runner._model_path(batch.vocab_size)
+model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
+scores = torch.tensor(batch.scores).view(-1, batch.group_size)
+adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-4)).flatten()
+out["advantages"] = float((plain.outputs["advantages"][:, 0] - adv.double()).abs().max())
+tokens = sum(len(c) for c in batch.completions)
+temperature = 0.9
+for mode in ("grpo", "dapo"):
+    for micro in (1, 4):
+        theirs = runner.run(batch, loss_mode=mode, micro_batches=micro)
+        model.zero_grad()
+        loss, value = 0.0, 0.0  # value: the surrogate at ratio 1, -(A weighted as the mode weighs it)
+        for i, c in enumerate(batch.completions):
+            ids = torch.tensor([list(batch.prompt_ids[i // batch.group_size]) + list(c)])
+            logits = model(ids).logits[0, len(batch.prompt_ids[0]) - 1 : -1] / temperature
+            logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c).view(-1, 1)).squeeze(-1)
+            terms = adv[i] * logp
+            share = terms.sum() / tokens if mode == "dapo" else terms.mean() / batch.size
+            weight = len(c) / tokens if mode == "dapo" else 1 / batch.size
+            loss, value = loss - share, value - float(adv[i]) * weight
+        loss.backward()
+        named = model.named_parameters()
+        diff = max(float((p.grad.double() - theirs.gradient[n]).abs().max()) for n, p in named)
+        scale = max(float(g.abs().max()) for g in theirs.gradient.values())
+        out[f"independent_{mode}_x{micro}"] = [diff / scale, abs(value - theirs.loss)]
+print("RESULT" + json.dumps(out))
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _checked() -> dict[str, Any]:
+    """CHECK's measurements (one ms-swift process for the tests below)."""
+    done = subprocess.run(
+        [str(_python()), "-c", CHECK], cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=600
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(line[len("RESULT") :])
+    return result
+
+
+def test_swift_step_gradient_is_the_formula_on_the_same_model() -> None:
+    """ms-swift's step-0 ``grpo`` gradient is ``-(1/B) sum_i mean_t A_i grad logp_t`` and its ``dapo``
+    gradient ``-(1/N) sum A_t grad logp_t``, log-probs of the logits over ms-swift's default
+    temperature 0.9, with its group advantages (group mean, unbiased std + 1e-4), computed here
+    independently on the same model, to float32 rounding, in one micro-batch and in four; the loss is
+    the surrogate's value at ratio 1 (``-sum A`` weighted the same way)."""
+    result = _checked()
+    trainer = ["swift.rlhf_trainers.grpo_trainer.GRPOTrainer", 0.9, "grpo", "grpo", "group"]
+    assert result["trainer"] == trainer, result
+    assert result["requests"] == list(range(8)), result
+    assert result["advantages"] < 1e-6, result
+    for mode in ("grpo", "dapo"):
+        for micro in (1, 4):
+            relative, loss = result[f"independent_{mode}_x{micro}"]
+            assert relative < 1e-5 and loss < 1e-5, (mode, micro, result)
+    assert result["errors"] == ["loss_mode", "micro_batches", "pad_fill"], result
+
+
+def test_swift_rollout_layout_and_truncation() -> None:
+    """The runs go through the split and the widths asked for (4 micro-batches run; ``pad_to`` 9
+    widens the collated sequences from 15 to 18 columns, the completion window to 9); the plain run's
+    rewards are the scores and its loss mask covers each completion, EOS included; with
+    ``overlong_filter`` exactly the rows the engine reports as ``finish_reason == "length"`` (2 and 7,
+    cut at the budget) are masked out, the EOS-ended row 0 of the budget's length is kept."""
+    result = _checked()
+    assert result["x4"] == 4.0 and result["pad9"] == 9.0, result
+    assert result["plain_rewards"] == [1.0, 0.0, 0.5, -1.0, 0.25, 1.5, -0.5, 0.0], result
+    assert result["plain_mask_rows"] == [6, 2, 6, 4, 1, 4, 5, 6], result
+    assert result["plain_rows"] == [False] * 8, result
+    assert result["cut_mask_rows"] == [6, 2, 0, 4, 1, 4, 5, 0], result
+    assert result["cut_rows"] == [False, False, True, False, False, False, False, True], result

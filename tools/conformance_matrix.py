@@ -66,7 +66,7 @@ DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
     "openrlhf": ("openrlhf", "deepspeed", "torch"),
     "torchrl": ("torchrl", "tensordict", "torch"),
     "sb3": ("stable-baselines3", "gymnasium", "torch"),
-    "skyrl": ("skyrl-train", "torch"),
+    "skyrl": ("skyrl", "torch"),
     "rlinf": ("rlinf", "torch"),
     "swift": ("ms-swift", "trl", "torch"),
 }

@@ -1,4 +1,4 @@
-"""The verl, OpenRLHF and skyrl-train adapters without their libraries (ppo-ref's own environment).
+"""The verl, OpenRLHF and skyrl adapters without their libraries (ppo-ref's own environment).
 
 The adapters themselves run against the libraries in ``.envs/NAME`` (``docs/thirdparty-envs.md``);
 here: they import lazily, fail clearly when the library is missing, declare valid conventions with
@@ -22,7 +22,7 @@ from ppo_ref.adapters.thirdparty import _openrlhf_stubs as stubs
 ADAPTERS = {
     "verl": ("verl", "ppo_ref.adapters.thirdparty.verl"),
     "openrlhf": ("openrlhf", "ppo_ref.adapters.thirdparty.openrlhf"),
-    "skyrl": ("skyrl_train", "ppo_ref.adapters.thirdparty.skyrl"),
+    "skyrl": ("skyrl", "ppo_ref.adapters.thirdparty.skyrl"),
 }
 """Adapter name -> (the library's top-level import name, the adapter module)."""
 

@@ -162,6 +162,18 @@ def test_an_unknown_reach_is_kept_as_unknown() -> None:
     assert found["x-1"].reach == "unknown"
 
 
+def test_a_fixed_finding_explains_no_failure() -> None:
+    """An entry the column's release fixed (reach ``fixed``) links no FAIL cell even when one of its
+    ``Explains:`` ids fails: the failure has another cause, shown as unexplained until one is named."""
+    tool = _tool()
+    text = '<a id="lib-old"></a>\nImplementations: lib\nReach: fixed\nExplains: GAE-2/c8-skip-holes, GAE-2\n'
+    found = tool.parse_findings([text])
+    assert found["lib-old"].reach == "fixed"
+    ids, unexplained = tool.link_failures("lib", "GAE-2", GAE_TESTS[:1], found)
+    assert (ids, unexplained) == ([], GAE_TESTS[:1])
+    assert tool.link_failures("lib", "GAE-2", GAE_TESTS[:1], _findings())[0] == ["lib-gae-padding"]
+
+
 def test_failures_link_only_to_findings_whose_ids_failed() -> None:
     tool = _tool()
     found = _findings()

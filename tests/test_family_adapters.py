@@ -1,4 +1,4 @@
-"""The PPO-family adapters of verl, OpenRLHF and skyrl-train (issue 14) in ppo-ref's own environment.
+"""The PPO-family adapters of verl, OpenRLHF and skyrl (issue 14) in ppo-ref's own environment.
 
 Without the libraries: the family modules import nothing of theirs, declare valid conventions each
 with a source, and their argument conversions do what their docstrings say, checked against
@@ -241,23 +241,32 @@ def test_openrlhf_rollout_correction_reads_the_weights_as_the_gradient() -> None
     ]
 
 
-def test_skyrl_rollout_correction_undoes_the_token_mean() -> None:
-    """skyrl's TIS weights come out of a token_mean loss: -N times its gradient in the advantages."""
+def test_skyrl_rollout_correction_reads_the_weights_off_a_sum() -> None:
+    """skyrl 0.4.0's policy loss is a masked sum (the reduction is folded into the advantages), so
+    the TIS weights are minus its gradient in the advantages, at the level asked for."""
     weights = torch.tensor([[0.5, 2.0, 3.0], [1.0, 1.5, 9.0]])
+    seen: list[Any] = []
 
-    def regular(logp: Tensor, old: Tensor, adv: Tensor, config: Any, **kwargs: Any) -> tuple[Tensor, float]:
-        assert config.use_tis is True and config.tis_imp_ratio_cap == 4.0
-        mask = kwargs["loss_mask"]
-        return (weights * -adv * mask).sum() / mask.sum(), 0.0
+    def regular(logp: Tensor, old: Tensor, adv: Tensor, config: Any, **kwargs: Any) -> tuple[Tensor, Any]:
+        seen.append(config.off_policy_correction)
+        return (weights * -adv * kwargs["loss_mask"]).sum(), {"clip_ratio": 0.0}
 
     ops = skyrl_family.SkyRLFamilyOps()
     ops._ppo = SimpleNamespace(PolicyLossRegistry=SimpleNamespace(get=lambda name: regular))  # type: ignore[assignment]
-    ops._omegaconf = SimpleNamespace(create=lambda d: SimpleNamespace(**d))
+    ops._config = SimpleNamespace(  # type: ignore[assignment]
+        AlgorithmConfig=lambda **fields: SimpleNamespace(**fields),
+        OffPolicyCorrectionConfig=lambda **fields: SimpleNamespace(**fields),
+    )
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    out = ops.rollout_correction(torch.zeros(2, 3), torch.zeros(2, 3), mask, high=4.0)
-    torch.testing.assert_close(out, weights * mask)
+    for level in ("token", "sequence"):
+        out = ops.rollout_correction(torch.zeros(2, 3), torch.zeros(2, 3), mask, level=level, high=4.0)
+        torch.testing.assert_close(out, weights * mask)
+        assert seen[-1].tis_ratio_type == level
+        assert seen[-1].token_tis_ratio_clip_high == seen[-1].sequence_tis_ratio_clip_high == 4.0
     with pytest.raises(ValueError, match=r"^low:"):
         ops.rollout_correction(torch.zeros(2, 3), torch.zeros(2, 3), mask, high=4.0, low=0.5)
+    with pytest.raises(ValueError, match=r"^level, mode:"):
+        ops.rollout_correction(torch.zeros(2, 3), torch.zeros(2, 3), mask, mode="mask", high=4.0)
 
 
 def test_trl116_conventions_are_valid_and_each_has_a_source() -> None:
@@ -293,7 +302,7 @@ def test_trl116_groups_become_rows_of_num_generations_filled_with_nan() -> None:
 
 
 def test_skyrl_losses_refuse_whole_batch_counts() -> None:
-    """skyrl-train 0.3.1 reduces each micro-batch on its own: the counts are a ValueError naming them."""
+    """skyrl 0.4.0 reads the counts off each mini-batch: the counts are a ValueError naming them."""
     ops = skyrl_family.SkyRLFamilyOps()
     with pytest.raises(ValueError, match=r"^token_count, row_count:"):
         ops.aggregate_loss(torch.ones(1, 2), torch.ones(1, 2), token_count=2)

@@ -174,11 +174,21 @@ def _library_modules() -> dict[str, set[str]]:
 
 PROBE = """
 import importlib, sys
-# OpenRLHF and skyrl-train import flash_attn (and OpenRLHF vllm) at top level, which need CUDA to
+# OpenRLHF and skyrl import flash_attn (and OpenRLHF vllm) at top level, which need CUDA to
 # install: the OpenRLHF adapter's allow-listed stubs stand in for exactly those (as each script's own).
 if sys.argv[1] in ("openrlhf", "skyrl"):
     from ppo_ref.adapters.thirdparty import _openrlhf_stubs
     _openrlhf_stubs.install()
+# skyrl 0.4.0 on Python 3.11: skyrl/tinker/types.py (imported by skyrl/backends/__init__.py) needs
+# typing_extensions.TypedDict in pydantic; each script imports it with that binding first, as here.
+if sys.argv[1] == "skyrl":
+    import typing, typing_extensions
+    _td = typing.TypedDict
+    typing.TypedDict = typing_extensions.TypedDict
+    try:
+        import skyrl.tinker.types
+    finally:
+        typing.TypedDict = _td
 failed = []
 for name in sys.argv[2:]:
     try:

@@ -66,7 +66,7 @@ DISTRIBUTIONS: Mapping[str, tuple[str, ...]] = {
     "openrlhf": ("openrlhf", "deepspeed", "torch"),
     "torchrl": ("torchrl", "tensordict", "torch"),
     "sb3": ("stable-baselines3", "gymnasium", "torch"),
-    "skyrl": ("skyrl-train", "torch"),
+    "skyrl": ("skyrl", "torch"),
     "rlinf": ("rlinf", "torch"),
     "swift": ("ms-swift", "trl", "torch"),
 }
@@ -224,8 +224,20 @@ def describe(name: str) -> dict[str, Any]:
 
 # --- findings ---------------------------------------------------------------------------------------
 
-REACHES = ("trainer-path", "non-default", "metrics-only", "latent", "robustness", "convention", "adapter")
-"""A finding's reach, most severe first (docs/findings.md says what each means)."""
+REACHES = (
+    "trainer-path",
+    "non-default",
+    "metrics-only",
+    "latent",
+    "robustness",
+    "convention",
+    "adapter",
+    "fixed",
+)
+"""A finding's reach, most severe first (docs/findings.md says what each means). ``fixed``: the
+column's release no longer computes the wrong number (the entry records the release that did and the
+fix); a fixed entry explains no FAIL cell, whatever its ``Explains:`` ids."""
+FIXED = "fixed"
 UNEXPLAINED = "unexplained"
 """The reach of a FAIL cell with a failing test that no finding explains: ranked above every reach."""
 SEVERITY = (UNEXPLAINED, *REACHES, "unknown")
@@ -327,7 +339,7 @@ def _test_forms(test: str) -> list[str]:
 def explains(finding: Finding, impl: str, clause: str, test: str | None) -> bool:
     """Whether ``finding`` explains the failure of ``test`` (None: the clause failed without a test
     id) in the FAIL cell (``impl``, ``clause``)."""
-    if impl not in finding.implementations:
+    if impl not in finding.implementations or finding.reach == FIXED:
         return False
     for item in finding.explains:
         if CLAUSE_ID.match(item):
@@ -615,7 +627,8 @@ def render_markdown(matrix: Mapping[str, Any]) -> str:
         "non-default setting), *metrics-only* (logged statistics), *latent* (inputs the library's own "
         "pipeline never produces), *robustness* (only NaN/inf/garbage in masked-out slots or extreme "
         "magnitudes), *convention* / *adapter* (withdrawn: a legitimate design or an artefact of the "
-        "adapter, pending the contract key or adapter fix), *unexplained* (a failing test no finding "
+        "adapter, pending the contract key or adapter fix; entries fixed in the column's release, reach "
+        "*fixed*, link no cell), *unexplained* (a failing test no finding "
         "explains). *declared convention* means the clause passed against the reference variant for a "
         "convention the adapter declares (linked to its source below); *matches undeclared convention*: "
         "the clause failed against what the adapter declares and passes, every test of it, against the "

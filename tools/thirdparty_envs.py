@@ -88,6 +88,8 @@ class Recipe:
     env: tuple[tuple[str, str], ...] = ()
     # Distributions whose versions the check reports.
     report: tuple[str, ...] = ()
+    # Python code the check runs before the imports (a compatibility shim an adapter applies too).
+    check_prelude: str = ""
 
     def digest(self) -> str:
         payload = json.dumps([TORCH_PIN, self.steps, PROJECT_EXTRAS, _constraints_text()], sort_keys=True)
@@ -222,41 +224,73 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             name="skyrl",
-            summary="skyrl-train 0.3.1 (declares Python ==3.12.*, imports on 3.11)",
+            summary="skyrl 0.4.0, skyrl-train now its extra (declares Python >=3.12, imports on 3.11)",
             steps=(
-                ("--no-deps", "--ignore-requires-python", "skyrl-train==0.3.1"),
-                # ppo_utils imports ray, jaxtyping, loguru and omegaconf at top level;
-                # ray 2.51.1 as declared (an import skyrl uses is gone in ray 2.60).
-                ("jaxtyping==0.3.11", "loguru==0.7.3", "omegaconf==2.3.1", "ray==2.51.1"),
-                # What the training path imports at top level (the worker's forward_backward, the
-                # generators' utils, the trainer's batch): the declared dependencies that install
-                # without CUDA (not flash-attn, vllm, deepspeed); transformers inside ppo-ref's
-                # range; skyrl-gym 0.2.0, the first release with skyrl_gym.metrics, which 0.3.1's
-                # generators import (0.1.1, the release current at 0.3.1's, lacks it).
+                ("--no-deps", "--ignore-requires-python", "skyrl==0.4.0"),
+                # What skyrl.backends.skyrl_train.utils.ppo_utils and torch_utils import on the way
+                # (the adapters' modules): skyrl/backends/__init__.py imports the Tinker backend
+                # (pydantic, skyrl/tinker/types.py), ppo_utils imports ray, jaxtyping, loguru and
+                # skyrl.train.config, which imports cloudpathlib, omegaconf and skyrl_gym (skyrl-gym
+                # 0.4.0 and its declared func_timeout, pandas, requests). ray 2.57.0 as declared.
+                (
+                    "jaxtyping==0.3.11",
+                    "loguru==0.7.3",
+                    "omegaconf==2.3.1",
+                    "ray==2.57.0",
+                    "cloudpathlib==0.26.0",
+                    "pydantic==2.14.4",
+                    "skyrl-gym==0.4.0",
+                    "func_timeout==4.3.5",
+                    "pandas==3.1.1",
+                    "requests==2.34.2",
+                ),
+                # What the training path imports at top level (the worker, skyrl.train.trainer, the
+                # generators' utils and SkyRLGymGenerator): the skyrl-train extra's dependencies that
+                # install without CUDA (not flash-attn, vllm, vllm-router, nixl, s5cmd), at the pins
+                # the extra declares (peft 0.18.1, hydra-core 1.3.4) and transformers inside the
+                # declared range >=5.6.1,<=5.16.1.
                 (
                     "tqdm==4.70.1",
-                    "transformers==5.24.0",
-                    "hydra-core==1.3.2",
+                    "transformers==5.16.1",
                     "accelerate==1.16.0",
-                    "peft==0.21.2",
+                    "peft==0.18.1",
+                    "hydra-core==1.3.4",
                     "datasets==4.0.0",
                     "tensordict==0.15.3",
                     "torchdata==0.11.0",
-                    "func_timeout==4.3.5",
                     "fastapi==0.165.0",
                     "uvicorn==0.55.0",
-                    "skyrl-gym==0.2.0",
+                    "orjson==3.13.0",
+                    "pybase64==1.5.1",
                 ),
             ),
-            imports=(
-                "skyrl_train",
-                "skyrl_train.utils.ppo_utils",
-                "skyrl_train.workers.worker",
-                "skyrl_train.generators.utils",
-                "skyrl_train.generators.skyrl_gym_generator",
-                "skyrl_train.training_batch",
+            # On Python 3.11, pydantic refuses skyrl/tinker/types.py's `typing.TypedDict` (it wants
+            # typing_extensions.TypedDict below Python 3.12), and skyrl/backends/__init__.py imports
+            # that module: every skyrl.backends import fails. The adapter (skyrl.py
+            # _import_tinker_types) and the check import that one module with typing.TypedDict
+            # bound to typing_extensions.TypedDict, then restore it.
+            check_prelude=(
+                "import typing, typing_extensions\n"
+                "_td = typing.TypedDict\n"
+                "typing.TypedDict = typing_extensions.TypedDict\n"
+                "try:\n"
+                "    import skyrl.tinker.types\n"
+                "finally:\n"
+                "    typing.TypedDict = _td\n"
             ),
-            report=("skyrl-train", "jaxtyping", "loguru", "ray", *HF_STACK_REPORT),
+            imports=(
+                "skyrl",
+                "skyrl.backends.skyrl_train.utils.ppo_utils",
+                "skyrl.backends.skyrl_train.utils.torch_utils",
+                "skyrl.backends.skyrl_train.workers.worker",
+                "skyrl.backends.skyrl_train.training_batch",
+                "skyrl.train.trainer",
+                "skyrl.train.generators.utils",
+                "skyrl.train.generators.skyrl_gym_generator",
+            ),
+            # imports flash_attn.bert_padding at top level (flash-attn needs CUDA): needs a stand-in
+            probe_imports=("skyrl.backends.skyrl_train.workers.model_wrapper",),
+            report=("skyrl", "skyrl-gym", "jaxtyping", "loguru", "ray", "pydantic", *HF_STACK_REPORT),
         ),
         Recipe(
             name="rlinf",
@@ -441,6 +475,7 @@ class Builder:
             "probe_imports": list(self.r.probe_imports),
             "report": [*self.r.report, *(name for name in TEST_PINS if name not in self.r.report)],
             "project": project,
+            "prelude": self.r.check_prelude,
         }
         code = CHECK_SCRIPT.replace("@@PROBE@@", json.dumps(probe))
         proc = subprocess.run(
@@ -580,13 +615,19 @@ class Builder:
 
 CHECK_SCRIPT = r"""
 import importlib, importlib.metadata as md, json, os, sys, traceback
-probe = json.loads('''@@PROBE@@''')
+probe = json.loads(r'''@@PROBE@@''')
 out = {"python": sys.version.split()[0], "imports": {}, "probe_imports": {}, "versions": {}}
 try:
     import torch
     out["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda, "file": torch.__file__}
 except Exception as exc:
     out["torch"] = {"version": None, "cuda": None, "file": repr(exc)}
+if probe.get("prelude"):
+    try:
+        exec(probe["prelude"], {})
+        out["prelude"] = "ok"
+    except BaseException as exc:
+        out["prelude"] = f"{type(exc).__name__}: {exc}"[:400]
 for key in ("imports", "probe_imports"):
     for mod in probe[key]:
         try:

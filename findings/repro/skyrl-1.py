@@ -1,98 +1,74 @@
 """skyrl-1 (non-default: ``trainer.algorithm.advantage_estimator: gae`` with ``lambd`` < 1): the value of
-the state after EOS (and, without sample packing, the critic's output on the padding) is bootstrapped into
-the last action tokens.
+the state after EOS (and, without micro-batch padding removal, the critic's output on the padding) is
+bootstrapped into the last action tokens.
 
 Run from the repository root: ``.envs/skyrl/bin/python findings/repro/skyrl-1.py``
-(standalone: ``pip install skyrl-train==0.3.1 torch``; imports only torch, numpy, omegaconf and skyrl_train).
+(standalone: ``pip install --no-deps --ignore-requires-python skyrl==0.4.0`` plus the top-level imports
+``tools/thirdparty_envs.py``'s recipe ``skyrl`` lists; imports only torch, numpy, typing_extensions and
+skyrl).
 
-Drives skyrl-train 0.3.1's own ``RayPPOTrainer.compute_advantages_and_returns`` (trainer.py:721, with a
-stand-in ``self`` holding the config) on a right-padded batch of two responses with
-``advantage_estimator: gae``, ``gamma: 1.0`` (default) and ``lambd: 0.95`` (default 1.0). The trainer
-passes the critic's values as produced
-(trainer.py:777 ``values=data["values"]``) and ``compute_gae_advantage_return`` (ppo_utils.py:999) reads
-``values[:, t + 1]`` at every column, ignoring ``response_mask``. The critic wrapper
-(model_wrapper.py:502-513) returns, for action slot j, the value head's output at sequence position
+Drives skyrl 0.4.0's own ``RayPPOTrainer.compute_advantages_and_returns`` (skyrl/train/trainer.py:1151,
+with a stand-in ``self`` holding skyrl's own ``TrainerConfig`` and ``GeneratorConfig`` dataclasses at
+their defaults) on a right-padded batch of two responses with ``advantage_estimator: gae``, ``gamma:
+1.0`` (default) and ``lambd: 0.95`` (default 1.0). The trainer passes the critic's values as produced
+(trainer.py:1215 ``values=data["values"]``) and ``compute_gae_advantage_return``
+(skyrl/backends/skyrl_train/utils/ppo_utils.py:1312) reads ``values[:, t + 1]`` at every column,
+ignoring ``response_mask``. The critic wrapper (workers/model_wrapper.py:580-586: ``values[:, :-1]``,
+then the last ``num_actions``) gives action slot j the value head's output at sequence position
 P + j - 1; for a response of L < A tokens, slot L reads the EOS token's own position (attention mask 1),
-the state after the episode ended. With ``use_sample_packing: true`` (default) ``pad_input`` zeroes the
-slots read from padded positions (j > L) but not slot L; with ``use_sample_packing: false`` every pad slot
-holds the head's output on a pad token. The value head's per-position output is a stand-in below
-(0.5 on real tokens, 5.0 on pad tokens): skyrl-train 0.3.1's critic class does not load under the
-environment's transformers 5.24 (``AttributeError: 'CriticModel' object has no attribute
-'all_tied_weights_keys'``), so the two layouts are built by hand from the wrapper's slicing.
+the state after the episode ended. With ``remove_microbatch_padding: true`` (the default; 0.3.1's
+``use_sample_packing``) ``pad_input`` zeroes the slots read from padded positions (j > L) but not slot
+L; with it false every pad slot holds the head's output on a pad token. The value head's per-position
+output is a stand-in (0.5 on real tokens, 5.0 on pad tokens) laid out by the wrapper's slicing: the
+wrapper module imports ``flash_attn.bert_padding`` at top level (model_wrapper.py:13), which needs CUDA.
 
 Expected (the episode ends at EOS: no value after it): GAE by its formula, delta_t = r_t + gamma V_{t+1}
 m_{t+1} - V_t, A_t = delta_t + gamma lambda m_{t+1} A_{t+1}, return = A + V (computed inline): the short
-row's returns [0.975, 1.0]. Got [0.9987, 1.025] with sample packing and [1.2244, 1.2625] without. At the
-default ``lambd: 1.0`` (and ``gamma: 1.0``) the bootstrapped values telescope away (return_t = the sum of
-the rewards still to come, A_t = that minus V_t): the script also runs the defaults and gets [1.0, 1.0],
-as expected. The default estimator ``grpo`` reads no values. Exit 1 when a bootstrapped value appears at
-``lambd: 0.95`` with the default sample packing.
+row's returns [0.975, 1.0]. skyrl-train 0.3.1 gave [0.9987, 1.025] with padding removal and [1.2244,
+1.2625] without; 0.4.0 the same (printed). At the default ``lambd: 1.0`` the bootstrapped values
+telescope away: the script runs the defaults too and gets [1.0, 1.0], as expected. The default estimator
+``grpo`` reads no values. Exit 1 when a bootstrapped value appears at ``lambd: 0.95`` with the default
+padding removal.
+
+skyrl 0.4.0 declares Python >=3.12. On 3.11 ``skyrl/backends/__init__.py`` fails in pydantic ("Please
+use `typing_extensions.TypedDict` instead of `typing.TypedDict` on Python < 3.12",
+``skyrl/tinker/types.py``); the script imports that module with ``typing.TypedDict`` bound to
+``typing_extensions.TypedDict`` (what Python 3.12's is) and restores it. No skyrl code is changed.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import pathlib
 import sys
 import types
-from typing import Any
+import typing
 
-import skyrl_train
 import torch
-from omegaconf import OmegaConf
+import typing_extensions
 
-# ---- stand-ins (inlined) for imports an environment may lack ----
-# skyrl-train 0.3.1 declares these, and ``skyrl_train.trainer``'s import chain (tqdm, transformers:
-# trainer.py; datasets: dataset/dataset.py; fastapi, uvicorn, pydantic:
-# inference_engines/inference_engine_client_http_endpoint.py; skyrl_gym: generators; torchdata:
-# utils/trainer_utils.py) imports them at top level, but the code driven here calls none of them except
-# tqdm's iteration (a pass-through progress bar below). An environment with only skyrl-train's core (``pip
-# install --no-deps skyrl-train``) lacks them; a finder at the END of sys.meta_path stands in for a missing
-# one only: an installed module always wins.
+_td = typing.TypedDict
+typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
+try:
+    import skyrl.tinker.types  # noqa: F401  (see the docstring)
+finally:
+    typing.TypedDict = _td  # type: ignore[misc]
 
-STUBBED = ("tqdm", "transformers", "datasets", "fastapi", "uvicorn", "pydantic", "skyrl_gym", "torchdata")
+from skyrl.backends.skyrl_train.training_batch import TrainingInputBatch  # noqa: E402
+from skyrl.train.config import GeneratorConfig, TrainerConfig  # noqa: E402
+from skyrl.train.trainer import RayPPOTrainer  # noqa: E402
 
-
-class _Bar:  # tqdm(iterable, desc=..., disable=...): iterate, accept set_postfix
-    def __init__(self, iterable: Any = (), *args: Any, **kwargs: Any) -> None:
-        self.iterable = iterable
-
-    def __iter__(self) -> Any:
-        return iter(self.iterable)
-
-    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-class _Missing(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name.split(".")[0] in STUBBED:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec: Any) -> Any:
-        module = types.ModuleType(spec.name)
-        module.__path__ = []  # type: ignore[attr-defined]
-        module.__getattr__ = lambda attr: _Bar if attr == "tqdm" else type(attr, (), {})  # type: ignore[method-assign]
-        return module
-
-    def exec_module(self, module: Any) -> None:
-        return None
-
-
-sys.meta_path.append(_Missing())
-
-from skyrl_train.trainer import RayPPOTrainer  # noqa: E402
-from skyrl_train.training_batch import TrainingInputBatch  # noqa: E402
-
-CONFIG = pathlib.Path(skyrl_train.__file__).parent / "config" / "ppo_base_config.yaml"
+# prompt of P = 2 tokens, A = 4 response slots; row 0 uses all 4, row 1 ends with EOS after 2 tokens
+P, A = 2, 4
+ATTENTION_MASK = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+RESPONSE_MASK = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
+REWARDS = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])  # the score on the last action token
 
 
 def advantages_and_returns(values: torch.Tensor, lambd: float) -> tuple[torch.Tensor, torch.Tensor]:
-    cfg = OmegaConf.load(CONFIG)
-    cfg.trainer.algorithm.advantage_estimator = "gae"
-    cfg.trainer.algorithm.lambd = lambd
+    trainer_cfg = TrainerConfig()
+    print_defaults(trainer_cfg)
+    trainer_cfg.algorithm.advantage_estimator = "gae"
+    trainer_cfg.algorithm.lambd = lambd
+    cfg = types.SimpleNamespace(trainer=trainer_cfg, generator=GeneratorConfig())
     trainer = types.SimpleNamespace(cfg=cfg, all_metrics={})  # what the method reads of ``self``
     data = TrainingInputBatch(
         {
@@ -103,15 +79,21 @@ def advantages_and_returns(values: torch.Tensor, lambd: float) -> tuple[torch.Te
         }
     )
     data.metadata = {"uids": ["p0", "p0"], "avg_response_length": 3.0}
-    out = RayPPOTrainer.compute_advantages_and_returns(trainer, data)
+    out = RayPPOTrainer.compute_advantages_and_returns(trainer, data)  # type: ignore[arg-type]
     return out["advantages"], out["returns"]
 
 
-# prompt of P = 2 tokens, A = 4 response slots; row 0 uses all 4, row 1 ends with EOS after 2 tokens
-P, A = 2, 4
-attention_mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
-RESPONSE_MASK = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]])
-REWARDS = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]])  # the score on the last action token
+_PRINTED: list[bool] = []
+
+
+def print_defaults(cfg: TrainerConfig) -> None:
+    if not _PRINTED:
+        a = cfg.algorithm
+        print(
+            f"defaults: advantage_estimator={a.advantage_estimator} gamma={a.gamma} lambd={a.lambd} "
+            f"remove_microbatch_padding={cfg.remove_microbatch_padding}"
+        )
+        _PRINTED.append(True)
 
 
 def gae_returns(values: torch.Tensor, lambd: float, gamma: float = 1.0) -> torch.Tensor:
@@ -126,21 +108,22 @@ def gae_returns(values: torch.Tensor, lambd: float, gamma: float = 1.0) -> torch
 
 
 def main() -> None:
-    head = torch.where(attention_mask.bool(), 0.5, 5.0)  # stand-in value-head output per sequence position
-    unpacked = head[:, :-1][:, -A:]  # model_wrapper.py:509,514: values[:, :-1], then the last A
-    packed = (head * attention_mask)[:, :-1][:, -A:]  # pad_input's zeros on padded positions (:502-506)
-    print("critic values, sample packing:   ", packed.tolist())
-    print("critic values, no sample packing:", unpacked.tolist())
+    head = torch.where(ATTENTION_MASK.bool(), 0.5, 5.0)  # stand-in value-head output per sequence position
+    unpadded = head[:, :-1][:, -A:]  # model_wrapper.py:580,586: values[:, :-1], then the last A
+    padded = (head * ATTENTION_MASK)[:, :-1][:, -A:]  # pad_input's zeros on padded positions (:578)
+    print("critic values, remove_microbatch_padding=true: ", padded.tolist())
+    print("critic values, remove_microbatch_padding=false:", unpadded.tolist())
     r4 = lambda t: [round(x, 4) for x in t.tolist()]  # noqa: E731
+    wrong = False
     for lambd, name in ((0.95, "lambd=0.95 (triggering)"), (1.0, "lambd=1.0 (default)")):
-        expected = gae_returns(packed, lambd)[1, :2]
-        _, with_packing = advantages_and_returns(packed, lambd)
-        _, without_packing = advantages_and_returns(unpacked, lambd)
+        expected = gae_returns(padded, lambd)[1, :2]
+        _, with_removal = advantages_and_returns(padded, lambd)
+        _, without_removal = advantages_and_returns(unpadded, lambd)
         print(f"{name}: returns of the short row's action tokens: expected {r4(expected)}")
-        print(f"  use_sample_packing=true (default): got {r4(with_packing[1, :2])}")
-        print(f"  use_sample_packing=false:          got {r4(without_packing[1, :2])}")
+        print(f"  remove_microbatch_padding=true (default): got {r4(with_removal[1, :2])}")
+        print(f"  remove_microbatch_padding=false:          got {r4(without_removal[1, :2])}")
         if lambd != 1.0:
-            wrong = not torch.allclose(with_packing[1, :2], expected, atol=1e-6)
+            wrong = not torch.allclose(with_removal[1, :2], expected, atol=1e-6)
     print(
         "a value after EOS is bootstrapped (skyrl-1 reproduces)"
         if wrong

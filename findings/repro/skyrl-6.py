@@ -2,21 +2,22 @@
 logits give bf16 log-probs without flash-attn, and the entropy is returned in bf16 on every path.
 
 Run from the repository root: ``.envs/skyrl/bin/python findings/repro/skyrl-6.py``
-(standalone: ``pip install skyrl-train==0.3.1 transformers torch``, without flash-attn; imports only
-torch, transformers and skyrl_train).
+(standalone: ``pip install --no-deps --ignore-requires-python skyrl==0.4.0`` plus the top-level imports
+``tools/thirdparty_envs.py``'s recipe ``skyrl`` lists, without flash-attn; imports only torch,
+typing_extensions, transformers and skyrl).
 
-Drives skyrl-train 0.3.1's own ``HFModelWrapper.forward`` (model_wrapper.py:280, what
-``PolicyWorkerBase.forward_backward`` calls as ``self.model(...)``) with ``return_output=True,
+Drives skyrl 0.4.0's own ``HFModelWrapper.forward`` (skyrl/backends/skyrl_train/workers/model_wrapper.py:304,
+what ``PolicyWorkerBase.forward_backward`` calls as ``self.model(...)``) with ``return_output=True,
 compute_entropy=True`` on tiny Qwen2 and Llama models built from configs in bfloat16 (the dtype the
-policy computes in under the default ``trainer.bf16: true``), ``use_sample_packing: false`` (sample
-packing needs flash-attn). The wrapper divides the logits by the temperature in place and passes them,
-not up-cast, to ``torch_utils.logprobs_from_logits`` (model_wrapper.py:333-340). Without flash-attn
-(``FLASH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE`` false) that falls back to ``logprobs_from_logits_v2``, whose
-bf16 branch runs ``log_softmax`` on the bf16 logits (torch_utils.py:170-176).
-``chunked_entropy_from_logits`` (torch_utils.py:59) allocates its output in the logits' dtype.
+policy computes in under the default ``trainer.bf16: true``), ``remove_microbatch_padding=False``
+(padding removal needs flash-attn's ``unpad_input``). The wrapper passes the logits, not up-cast, to
+``torch_utils.logprobs_from_logits`` (torch_utils.py:115), which uses flash-attn's kernel only for CUDA
+tensors and otherwise ``logprobs_from_logits_v2``, whose bf16 branch runs ``log_softmax`` on the bf16
+logits (torch_utils.py:159). ``chunked_entropy_from_logits`` (torch_utils.py:58) allocates its output in
+the logits' dtype.
 
 Where it matters: skyrl's workers run every forward inside ``torch.autocast(dtype=torch.bfloat16,
-device_type="cuda")`` (worker.py:644, 861, 1084), and CUDA autocast runs ``log_softmax``, ``exp`` and
+device_type="cuda")`` (worker.py:1126, 1406, 1483), and CUDA autocast runs ``log_softmax``, ``exp`` and
 ``sum`` in float32 (torch's ``AT_FORALL_FP32`` / ``AT_FORALL_FP32_SET_OPT_DTYPE`` lists in
 ``ATen/autocast_mode.h``): on skyrl's GPUs the log-probs are float32 math with or without flash-attn,
 and the entropy is float32 math stored in a bf16 tensor (rounding only). This script runs on a CPU,
@@ -33,15 +34,17 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+import typing
 from typing import Any
 
 import torch
+import typing_extensions
 
 
-# ---- stand-in for flash-attn (inlined): model_wrapper.py:20 imports ``pad_input`` / ``unpad_input`` from
-# ``flash_attn.bert_padding`` at top level; they are used only with sample packing, which this script does
-# not use. Only these two module names are supplied, so ``flash_attn.ops.triton.cross_entropy``
-# (torch_utils.py:23) still fails to import, as on a machine without flash-attn. A finder at the END of
+# ---- stand-in for flash-attn (inlined): model_wrapper.py:13 imports ``pad_input`` / ``unpad_input`` from
+# ``flash_attn.bert_padding`` at top level; they are used only with ``remove_microbatch_padding``, which
+# this script turns off. Only these two module names are supplied, so flash-attn's cross-entropy kernel
+# still fails to import, as on a machine without flash-attn. A finder at the END of
 # sys.meta_path: an installed flash-attn always wins (then the script measures the flash-attn path).
 class _NoFlashAttn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     NAMES = ("flash_attn", "flash_attn.bert_padding")
@@ -61,8 +64,18 @@ class _NoFlashAttn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 sys.meta_path.append(_NoFlashAttn())
 
-from skyrl_train.model_wrapper import HFModelWrapper  # noqa: E402
-from skyrl_train.utils import torch_utils  # noqa: E402
+# skyrl 0.4.0 declares Python >=3.12. On 3.11 ``skyrl/backends/__init__.py`` fails in pydantic ("Please
+# use `typing_extensions.TypedDict` instead of `typing.TypedDict` on Python < 3.12",
+# ``skyrl/tinker/types.py``): import that module with ``typing.TypedDict`` bound to
+# ``typing_extensions.TypedDict`` (what Python 3.12's is), then restore it. No skyrl code is changed.
+_td = typing.TypedDict
+typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
+try:
+    import skyrl.tinker.types  # noqa: F401
+finally:
+    typing.TypedDict = _td  # type: ignore[misc]
+
+from skyrl.backends.skyrl_train.workers.model_wrapper import HFModelWrapper  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 SMALL = dict(
@@ -77,7 +90,6 @@ SMALL = dict(
 
 
 def main() -> None:
-    print("flash-attn cross-entropy available:", torch_utils.FLASH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE)
     wrong = False
     for name, config, cls in (
         ("Qwen2", Qwen2Config(**SMALL), Qwen2ForCausalLM),
@@ -85,7 +97,7 @@ def main() -> None:
     ):
         torch.manual_seed(0)
         model = cls(config).to(torch.bfloat16).eval()
-        wrapper = HFModelWrapper(model, use_sample_packing=False)
+        wrapper = HFModelWrapper(model, remove_microbatch_padding=False)
         sequences = torch.randint(0, SMALL["vocab_size"], (4, 24))
         attention_mask = torch.ones_like(sequences)
         num_actions = 16

@@ -1,102 +1,78 @@
-"""skyrl-f6 (metrics-only: ``policy_loss_type: gspo`` with ``micro_train_batch_size_per_gpu`` > 1): the
-logged ``ppo_clip_ratio`` is a share of tokens, not of sequences.
+"""skyrl-f6 (metrics-only: ``policy_loss_type: gspo`` with ``micro_train_batch_size_per_gpu`` > 1): GSPO's
+logged ``loss_metrics/clip_ratio`` changes with the micro-batch size.
 
 Run from the repository root: ``.envs/skyrl/bin/python findings/repro/skyrl-f6.py``
-(standalone: ``pip install skyrl-train==0.3.1 torch``; imports only torch, omegaconf and skyrl_train).
+(standalone: ``pip install --no-deps --ignore-requires-python skyrl==0.4.0`` plus the top-level imports
+``tools/thirdparty_envs.py``'s recipe ``skyrl`` lists; imports only torch, numpy, typing_extensions and
+skyrl).
 
-Drives skyrl-train 0.3.1's own ``PolicyWorkerBase.ppo_train`` -> ``forward_backward`` -> the registered
-``gspo`` loss (``gspo_policy_loss``), whose clip ratio is ``masked_mean(is_clipped, loss_mask)`` over the
-micro-batch's tokens (ppo_utils.py:718), logged as ``ppo_clip_ratio`` and averaged over micro-batches
-(``reduce_metrics``). GSPO clips whole sequences (one ratio per sequence), so the share to report is the
-share of sequences. One mini-batch of two responses (4 tokens, clipped: s = e^0.5 > 1.2; 1 token, not
-clipped), ``loss_reduction: sequence_mean``, eps 0.2 (defaults).
+Path: ``RayPPOTrainer._normalize_advantages`` (skyrl/train/trainer.py:1497: the trainer folds the loss
+reduction into the advantages per mini-batch, ``apply_loss_reduction_to_advantages_minibatch``) then
+``PolicyWorkerBase.forward_backward`` / ``CriticWorkerBase.forward_backward``
+(skyrl/backends/skyrl_train/workers/worker.py: it splits the mini-batch into micro-batches itself and
+each micro-batch's policy loss is a masked sum), configs skyrl's own ``TrainerConfig`` dataclass at its
+defaults except what each case sets. Stand-ins only for what a CPU process without Ray/FSDP lacks: the
+"model" returns one trainable log-prob (critic: value) per response token, so the gradient printed is
+d loss / d logp; the strategy's ``backward`` is ``loss.backward()``; DP size 1;
+``torch.cuda.current_device`` is the CPU.
 
-Expected: 0.5 (one of two sequences). Got with micro-batches of 2: 0.8 (4 of 5 tokens). At the default
-``micro_train_batch_size_per_gpu: 1`` each micro-batch holds one sequence, whose tokens are all clipped or
-none, so the mean over micro-batches is the share of sequences: 0.5, correct. The gradient is not
-affected (metrics-only). Exit 1 when the logged ratio is 0.8 at micro-batches of 2.
+The batch: two responses of 4 and 1 tokens, the first with every token clipped (log-ratio 0.5 against
+the old log-probs), the second unclipped. Each micro-batch's clip fraction is a token share, and the
+worker averages the micro-batches' values, so with one response per micro-batch (the default 1) the
+logged number is the share of sequences, 0.5, and with both in one micro-batch the share of tokens,
+0.8: the same batch logs a different statistic depending on a memory setting. Expected: the same value
+at both micro-batch sizes (0.5, the share of sequences GSPO's ratio is per; or 0.8, the token share
+the GSPO paper reports, at both). Got 0.8000 at micro-batch 2 and 0.5000 at the default 1, as
+skyrl-train 0.3.1's ``ppo_clip_ratio``. The gradient is unaffected. Exit 1 when the two differ.
+
+skyrl 0.4.0 declares Python >=3.12. On 3.11 ``skyrl/backends/__init__.py`` fails in pydantic ("Please
+use `typing_extensions.TypedDict` instead of `typing.TypedDict` on Python < 3.12",
+``skyrl/tinker/types.py``); the script imports that module with ``typing.TypedDict`` bound to
+``typing_extensions.TypedDict`` (what Python 3.12's is) and restores it. No skyrl code is changed.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import pathlib
 import sys
 import types
+import typing
 from typing import Any
 
-import skyrl_train
+import numpy as np
 import torch
-from omegaconf import OmegaConf
+import typing_extensions
 
-# ---- stand-ins (inlined) for imports an environment may lack ----
-# skyrl-train 0.3.1 declares these, and ``skyrl_train.workers.worker``'s import chain (tqdm: worker.py;
-# transformers: distributed/fsdp_strategy.py; datasets: dataset/dataset.py; fastapi, uvicorn, pydantic:
-# inference_engines/inference_engine_client_http_endpoint.py) imports them at top level, but the code driven
-# here calls none of them except tqdm's iteration (a pass-through progress bar below). An environment with
-# only skyrl-train's core (``pip install --no-deps skyrl-train``) lacks them; a finder at the END of
-# sys.meta_path stands in for a missing one only: an installed module always wins.
+_td = typing.TypedDict
+typing.TypedDict = typing_extensions.TypedDict  # type: ignore[misc]
+try:
+    import skyrl.tinker.types  # noqa: F401  (see the docstring)
+finally:
+    typing.TypedDict = _td  # type: ignore[misc]
 
-STUBBED = ("tqdm", "transformers", "datasets", "fastapi", "uvicorn", "pydantic")
+from skyrl.backends.skyrl_train.training_batch import TrainingInputBatch  # noqa: E402
+from skyrl.backends.skyrl_train.utils import ppo_utils  # noqa: E402
+from skyrl.backends.skyrl_train.workers.worker import PolicyWorkerBase  # noqa: E402
+from skyrl.train.config import TrainerConfig  # noqa: E402
+from skyrl.train.trainer import RayPPOTrainer  # noqa: E402
 
-
-class _Bar:  # tqdm(iterable, desc=..., disable=...): iterate, accept set_postfix
-    def __init__(self, iterable: Any = (), *args: Any, **kwargs: Any) -> None:
-        self.iterable = iterable
-
-    def __iter__(self) -> Any:
-        return iter(self.iterable)
-
-    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
-        return None
+torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]  # CPU stand-in
 
 
-class _Missing(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name.split(".")[0] in STUBBED:
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec: Any) -> Any:
-        module = types.ModuleType(spec.name)
-        module.__path__ = []  # type: ignore[attr-defined]
-        module.__getattr__ = lambda attr: _Bar if attr == "tqdm" else type(attr, (), {})  # type: ignore[method-assign]
-        return module
-
-    def exec_module(self, module: Any) -> None:
-        return None
+def r(x: torch.Tensor, n: int = 4) -> list[Any]:
+    return np.round(x.detach().double().numpy(), n).tolist()
 
 
-sys.meta_path.append(_Missing())
-
-from skyrl_train.training_batch import TrainingInputBatch  # noqa: E402
-from skyrl_train.utils.ppo_utils import PolicyLossRegistry  # noqa: E402
-from skyrl_train.workers.worker import PolicyWorkerBase  # noqa: E402
-
-CONFIG = pathlib.Path(skyrl_train.__file__).parent / "config" / "ppo_base_config.yaml"
-
-
-def load_config(**overrides: Any) -> Any:
-    """ppo_base_config.yaml with ``overrides`` (dotted keys), plus what skyrl's ``validate_cfg`` adds
-    before the workers start (``utils/utils.py:278``: ``max_seq_len``)."""
-    cfg = OmegaConf.load(CONFIG)
-    for key, value in overrides.items():
-        OmegaConf.update(cfg, key, value)
-    cfg.trainer.algorithm.max_seq_len = (
-        cfg.generator.max_input_length + cfg.generator.sampling_params.max_generate_length
-    )
+def trainer_cfg(micro: int = 1, **algorithm: Any) -> TrainerConfig:
+    cfg = TrainerConfig()
+    cfg.micro_train_batch_size_per_gpu = micro
+    for key, value in algorithm.items():
+        setattr(cfg.algorithm, key, value)
     return cfg
 
 
-def ppo_train(cfg: Any, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tensor], dict[str, Any]]:
-    """Run skyrl-train's own ``PolicyWorkerBase.ppo_train`` (its BatchIterator, ``forward_backward`` per
-    micro-batch, ``optim_step`` every ``accumulation_steps``) on one mini-batch. Stand-ins for what a CPU
-    process without Ray/FSDP lacks: the "model" returns one trainable log-prob per response token (so
-    the gradient is d loss / d logp), the strategy's ``backward`` is ``loss.backward()`` and its
-    ``optimizer_step`` records the accumulated gradient, DP size 1. Returns the gradient at each
-    optimizer step and the worker's logged status."""
-    # the policy's log-probs now: the old ``action_log_probs`` (on-policy) unless ``policy_log_probs``
+def ppo_step(cfg: TrainerConfig, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """One mini-batch through RayPPOTrainer._normalize_advantages then PolicyWorkerBase.forward_backward;
+    returns d loss / d logp and the worker's metrics."""
     logp = torch.nn.Parameter(batch.get("policy_log_probs", batch["action_log_probs"]).clone())
     n, a = logp.shape
 
@@ -105,13 +81,20 @@ def ppo_train(cfg: Any, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tens
         return logp[rows] * 1.0, {"entropy": torch.zeros(sequences.shape)}
 
     model.train = model.eval = lambda: None  # type: ignore[attr-defined]
-    grads: list[torch.Tensor] = []
-
-    def optimizer_step(optimizer: Any, model: Any, scheduler: Any, name: str) -> None:
-        grads.append(logp.grad.clone() if logp.grad is not None else torch.zeros_like(logp))
-        logp.grad = None
-        return None
-
+    sequences = torch.cat([torch.arange(n)[:, None], torch.zeros(n, a + 1, dtype=torch.long)], dim=1)
+    fields = {
+        "sequences": sequences,
+        "attention_mask": torch.ones_like(sequences),
+        "action_log_probs": batch["action_log_probs"],
+        "base_action_log_probs": batch.get("base_action_log_probs", batch["action_log_probs"]),
+        "advantages": batch["advantages"].clone(),
+        "loss_mask": batch["loss_mask"],
+        "response_mask": batch.get("response_mask", batch["loss_mask"]),
+    }
+    data = TrainingInputBatch(fields)
+    data.metadata = {"global_step": 1, "response_length": a}
+    trainer = types.SimpleNamespace(cfg=types.SimpleNamespace(trainer=cfg))
+    data = RayPPOTrainer._normalize_advantages(trainer, data, [(0, n)])  # type: ignore[arg-type]
     worker = types.SimpleNamespace(
         cfg=cfg,
         model=model,
@@ -119,59 +102,42 @@ def ppo_train(cfg: Any, batch: dict[str, torch.Tensor]) -> tuple[list[torch.Tens
         scheduler=types.SimpleNamespace(get_last_lr=lambda: [0.0]),
         strategy=types.SimpleNamespace(
             backward=lambda loss, model, optimizer: loss.backward(),
-            optimizer_step=optimizer_step,
-            is_rank_0=lambda: True,
-            all_reduce=lambda status: status,
+            all_reduce=lambda x, **kwargs: x,
         ),
-        policy_loss_fn=PolicyLossRegistry.get(cfg.trainer.algorithm.policy_loss_type),
-        record_memory=False,
-        # as PolicyWorkerBase's init computes it (worker.py:621), DP size 1
-        policy_mini_batch_size_per_gpu=cfg.trainer.policy_mini_batch_size
-        * cfg.generator.n_samples_per_prompt,
+        mesh_rank=types.SimpleNamespace(dp_size=1),
+        device_mesh=types.SimpleNamespace(get_group=lambda name: None),
+        policy_loss_fn=ppo_utils.PolicyLossRegistry.get(cfg.algorithm.policy_loss_type),
     )
-    worker.forward_backward = lambda exp, steps: PolicyWorkerBase.forward_backward(worker, exp, steps)
-    worker.optim_step = lambda: PolicyWorkerBase.optim_step(worker)
-    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]  # CPU stand-in
-    torch.distributed.barrier = lambda *args, **kwargs: None  # type: ignore[assignment]  # one process
-    sequences = torch.cat([torch.arange(n)[:, None], torch.zeros(n, a + 1, dtype=torch.long)], dim=1)
-    data = TrainingInputBatch(
-        {
-            "sequences": sequences,
-            "attention_mask": torch.ones_like(sequences),
-            "action_log_probs": batch["action_log_probs"],
-            "base_action_log_probs": batch.get("base_action_log_probs", batch["action_log_probs"]),
-            "values": None,
-            "returns": None,
-            "advantages": batch["advantages"],
-            "loss_mask": batch["loss_mask"],
-            "response_mask": batch.get("response_mask", torch.ones(n, a)),
-        }
+    worker._forward_backward_micro = lambda *args, **kwargs: PolicyWorkerBase._forward_backward_micro(
+        worker, *args, **kwargs
     )
-    data.metadata = {"global_step": 1, "response_length": a}
-    out = PolicyWorkerBase.ppo_train(worker, data)
-    return grads, out.metadata["train_status"]
+    out = PolicyWorkerBase.forward_backward(worker, data)  # type: ignore[arg-type]
+    grad = logp.grad.clone() if logp.grad is not None else torch.zeros_like(logp)
+    return grad, out.metrics
 
 
 def main() -> None:
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
     batch = {
-        "policy_log_probs": torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0]]),  # row 0: s = e^0.5
+        "policy_log_probs": torch.tensor([[0.5, 0.5, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0]]),
         "action_log_probs": torch.zeros(2, 4),
         "advantages": mask.clone(),
         "loss_mask": mask,
     }
-    gspo = {
-        "trainer.policy_mini_batch_size": 1,
-        "generator.n_samples_per_prompt": 2,
-        "trainer.algorithm.policy_loss_type": "gspo",
-        "trainer.algorithm.loss_reduction": "sequence_mean",
-    }
-    _, two = ppo_train(load_config(**gspo, **{"trainer.micro_train_batch_size_per_gpu": 2}), batch)
-    _, one = ppo_train(load_config(**gspo), batch)
-    print(f"ppo_clip_ratio, micro-batch 2: expected 0.5 got {two['ppo_clip_ratio']:.4f}")
-    print(f"ppo_clip_ratio, micro-batch 1 (default): expected 0.5 got {one['ppo_clip_ratio']:.4f}")
-    wrong = abs(two["ppo_clip_ratio"] - 0.5) > 1e-6
-    print("share of tokens (skyrl-f6 reproduces)" if wrong else "share of sequences (fixed)")
+    gspo = {"use_kl_loss": False, "policy_loss_type": "gspo", "loss_reduction": "sequence_mean"}
+    _, two = ppo_step(trainer_cfg(2, **gspo), batch)
+    _, one = ppo_step(trainer_cfg(1, **gspo), batch)
+    key = "loss_metrics/clip_ratio"
+    print(
+        f"skyrl-f6 logged {key}: micro-batch 2 {two[key]:.4f}, micro-batch 1 (default) {one[key]:.4f}; "
+        "share of sequences 0.5, share of tokens 0.8"
+    )
+    wrong = abs(two[key] - one[key]) > 1e-6
+    print(
+        "the logged clip ratio depends on the micro-batch size (skyrl-f6 reproduces)"
+        if wrong
+        else "the same at both micro-batch sizes (fixed)"
+    )
     sys.exit(1 if wrong else 0)
 
 

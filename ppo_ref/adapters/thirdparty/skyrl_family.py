@@ -1,7 +1,11 @@
-"""skyrl-train 0.3.1's PPO-family ops under the conformance suite (issue 14): mixed into ``SkyRLAdapter``.
+"""skyrl 0.4.0's PPO-family ops under the conformance suite (issue 14, moved to 0.4.0 in issue 22).
 
-Every op calls the skyrl-train function its trainer calls (``family_sources`` names each with its
-file and line); the adapter only converts arguments the way skyrl's trainer does:
+Mixed into ``SkyRLAdapter``. Every op calls the skyrl function its trainer calls (``family_sources``
+names each with its file and line); the adapter only converts arguments the way skyrl's trainer
+does. skyrl 0.4.0 (``skyrl/backends/skyrl_train/utils/ppo_utils.py``) reduces differently from
+skyrl-train 0.3.1: the policy losses end with ``reduce_loss(loss, loss_mask)``, a masked *sum*, and
+the trainer folds the reduction into the advantages beforehand, once per mini-batch
+(``RayPPOTrainer._normalize_advantages`` -> ``apply_loss_reduction_to_advantages_minibatch``):
 
 - ``group_advantages`` is ``compute_advantages_and_returns`` (the trainer's entry: it looks the
   estimator up in ``AdvantageEstimatorRegistry``) with the scores as one-column
@@ -9,25 +13,27 @@ file and line); the adapter only converts arguments the way skyrl's trainer does
   ``grpo`` with ``grpo_norm_by_std=True``, ``dr_grpo`` (and ``grpo`` with ``std_scope='none'``)
   with ``grpo_norm_by_std=False``, ``rloo``. Its default ``epsilon`` 1e-6 (the trainer passes
   none: declared ``group_std_eps``).
-- ``aggregate_loss`` is ``reduce_loss``, and the losses reduce with it through the config's
-  ``loss_reduction``: ``token-mean``
-  -> ``token_mean``, ``seq-mean-token-mean`` -> ``sequence_mean``, ``seq-mean-token-sum-norm`` ->
-  ``seq_mean_token_sum_norm`` with ``max_seq_len = norm_constant``, ``seq-mean-token-sum`` ->
-  ``seq_mean_token_sum_norm`` with ``max_seq_len = 1``. skyrl-train 0.3.1 reduces each micro-batch
-  on its own (no whole-batch counts; SkyRL PR #925 came later), so ``token_count`` and
-  ``row_count`` are not provided.
-- ``gspo_loss`` is ``PolicyLossRegistry.get('gspo')`` with ``loss_reduction='sequence_mean'`` (the
-  reduction its docstring and warning ask for) and the sequence advantage on every token.
-- ``cispo_loss`` is ``PolicyLossRegistry.get('cispo')`` with ``cispo.cispo_eps_clip_low =
-  clip_low`` and ``cispo_eps_clip_high = clip_high`` (offsets).
+- ``aggregate_loss`` is ``apply_loss_reduction_to_advantages_minibatch`` applied to the per-token
+  values (the scaling is linear, as the losses are in the advantages) then ``reduce_loss``, the
+  call batch being one mini-batch: ``token-mean`` -> ``token_mean``, ``seq-mean-token-mean`` ->
+  ``sequence_mean``, ``seq-mean-token-sum-norm`` -> ``seq_mean_token_sum_norm`` with ``max_seq_len
+  = norm_constant``, ``seq-mean-token-sum`` -> ``seq_mean_token_sum_norm`` with ``max_seq_len = 1``.
+  The counts come from the mini-batch tensors, so ``token_count`` and ``row_count`` are not provided.
+- ``gspo_loss`` is ``PolicyLossRegistry.get('gspo')`` on the sequence advantage on every token,
+  scaled as ``sequence_mean`` (the reduction its docstring and warning ask for).
+- ``cispo_loss`` is ``PolicyLossRegistry.get('cispo')`` with ``CISPOConfig(cispo_eps_clip_low =
+  clip_low, cispo_eps_clip_high = clip_high)`` (offsets), its advantages scaled by ``loss_agg``.
 - ``kl_loss`` is ``compute_approx_kl(..., loss_mask=mask, kl_estimator_type=...)`` then
-  ``reduce_loss``; the trainer (``workers/worker.py``) reduces it with
-  ``masked_mean(kl, loss_mask, dim=-1).mean()``, which is ``reduce_loss``'s ``sequence_mean``.
+  ``aggregate_loss``; the worker (``workers/worker.py``) reduces it with
+  ``masked_mean(kl, loss_mask, dim=-1).mean()`` per micro-batch whatever ``loss_reduction`` says.
 - ``rollout_correction`` reads the TIS weight ``ppo_policy_loss`` multiplies the per-token loss by
-  (``use_tis=True``, ``tis_imp_ratio_cap = high``): the loss is called with ``log_probs =
-  old_log_probs = logp`` (ratio 1), advantages 1 and ``token_mean``, so it is ``-sum_t w_t / N``
-  and the weights are ``-N`` times its gradient in the advantages. Token level, truncation above
-  only: that is all 0.3.1 has.
+  (``apply_off_policy_correction`` with ``OffPolicyCorrectionConfig(tis_ratio_type='token' |
+  'sequence', token_tis_ratio_clip_high | sequence_tis_ratio_clip_high = high)``): the loss is
+  called with ``log_probs = old_log_probs = logp`` (ratio 1) and advantages 1, so it is ``-sum_t
+  w_t`` and the weights are minus its gradient in the advantages. Truncation above only.
+
+The configs are skyrl's own ``AlgorithmConfig`` dataclass (``skyrl/train/config/config.py``), the type
+its trainer passes, at its defaults except the fields named here.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ __all__ = [
     "reduction_config",
 ]
 
+PPO_UTILS = "skyrl/backends/skyrl_train/utils/ppo_utils.py"
+
 REDUCTIONS: Mapping[str, str] = MappingProxyType(
     {
         "token-mean": "token_mean",
@@ -70,41 +78,44 @@ FAMILY_CONVENTIONS: Mapping[str, object] = MappingProxyType(
         "constant_groups": "rounding",
         "cispo_bounds": "offsets",
         "kl_loss_estimators": ["k1", "k2", "k3"],
-        "correction_levels": ["token"],
+        "correction_levels": ["token", "sequence"],
         "correction_modes": ["truncate"],
         "correction_bounds": [],
     }
 )
-"""skyrl-train's declared PPO-family conventions (sources in FAMILY_CONVENTION_SOURCES); the
+"""skyrl 0.4.0's declared PPO-family conventions (sources in FAMILY_CONVENTION_SOURCES); the
 capability keys ``loss_aggregations`` and ``policy_loss_options`` are declared in ``skyrl.py``."""
 
 FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
     {
-        "group_methods": "skyrl_train/utils/ppo_utils.py compute_grpo_outcome_advantage "
-        "(grpo_norm_by_std=False is Dr. GRPO) and compute_rloo_outcome_advantage, through "
-        "compute_advantages_and_returns",
-        "group_std_scopes": "skyrl_train/utils/ppo_utils.py compute_grpo_outcome_advantage divides by the "
+        "group_methods": f"{PPO_UTILS}:1343 compute_grpo_outcome_advantage "
+        "(grpo_norm_by_std=False is Dr. GRPO) and :1259 compute_rloo_outcome_advantage, through "
+        ":1436 compute_advantages_and_returns",
+        "group_std_scopes": f"{PPO_UTILS}:1343 compute_grpo_outcome_advantage divides by the "
         "group's torch.std or not at all (grpo_norm_by_std); no batch-std scaling",
-        "group_std_eps": "skyrl_train/utils/ppo_utils.py compute_grpo_outcome_advantage(..., "
-        "epsilon=1e-6); the trainer never passes epsilon",
-        "group_singleton": "skyrl_train/utils/ppo_utils.py compute_grpo_outcome_advantage: a group of one "
+        "group_std_eps": f"{PPO_UTILS}:1348 compute_grpo_outcome_advantage(..., epsilon=1e-6); "
+        "the trainer never passes epsilon (skyrl/train/trainer.py:1209)",
+        "group_singleton": f"{PPO_UTILS}:1378-1380 compute_grpo_outcome_advantage: a group of one "
         "gets mean 0 and std 1, so A = r / (1 + eps) (and r with grpo_norm_by_std=False); "
         "compute_rloo_outcome_advantage gives 0 (declared per method)",
-        "constant_groups": "skyrl_train/utils/ppo_utils.py compute_grpo_outcome_advantage: scores - "
+        "constant_groups": f"{PPO_UTILS} compute_grpo_outcome_advantage: scores - "
         "torch.mean(group); compute_rloo_outcome_advantage: (scores - mean) * n / (n - 1); no special "
         "case, so a constant group keeps the mean's rounding (three scores of 0.1: -1.39e-17)",
-        "cispo_bounds": "skyrl_train/utils/ppo_utils.py compute_policy_loss_cispo: clamp(ratio, 1 - "
-        "cispo_eps_clip_low, 1 + cispo_eps_clip_high); 0.3.1's config defaults 0 and 5 give [1, 6] "
-        "(docs/findings-family.md)",
-        "kl_loss_estimators": "skyrl_train/utils/ppo_utils.py compute_approx_kl: kl_estimator_type k1, k2, "
+        "cispo_bounds": f"{PPO_UTILS}:783 compute_policy_loss_cispo: clamp(ratio, 1 - "
+        "cispo.cispo_eps_clip_low, 1 + cispo.cispo_eps_clip_high); 0.4.0's CISPOConfig defaults 1.0 and "
+        "4.0 give [0, 5] (skyrl/train/config/config.py:832-837; 0.3.1's [1, 6]: docs/findings-family.md "
+        "skyrl-f3)",
+        "kl_loss_estimators": f"{PPO_UTILS}:88 compute_approx_kl: kl_estimator_type k1, k2, "
         "k3, abs; no straight-through k3+",
-        "correction_levels": "skyrl_train/utils/ppo_utils.py ppo_policy_loss: use_tis multiplies the loss "
-        "by the token ratio exp(old_log_probs - rollout_logprobs) clamped at tis_imp_ratio_cap; no "
-        "sequence level in 0.3.1",
-        "correction_modes": "skyrl_train/utils/ppo_utils.py ppo_policy_loss: TIS (clamp max) only; no "
-        "masking mode, no lower bound",
-        "correction_bounds": "skyrl_train/utils/ppo_utils.py ppo_policy_loss: clamp(tis_imp_ratio, "
-        "max=tis_imp_ratio_cap), no floor; no mask mode",
+        "correction_levels": "skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py:24 "
+        "compute_tis_ratio: tis_ratio_type 'token' (exp(old - rollout) per token) or 'sequence' "
+        "(exp of the row's summed log-ratios: the product), applied by apply_off_policy_correction (:351), "
+        "which every registered policy loss calls",
+        "correction_modes": "off_policy_correction_utils.py compute_tis_ratio: TIS is torch.clamp(ratio, "
+        "max=cap) (truncate); the masking options (sequence_mask_metric, token_mask_is_threshold_*) "
+        "change the loss mask, not a weight, and are not mapped here",
+        "correction_bounds": "off_policy_correction_utils.py compute_tis_ratio: clamp(max=token_tis_ratio_"
+        "clip_high | sequence_tis_ratio_clip_high), no floor",
     }
 )
 
@@ -133,41 +144,49 @@ def reduction_config(loss_agg: str, norm_constant: float | None = None) -> dict[
 
 
 class SkyRLFamilyOps:
-    """The family ops; ``SkyRLAdapter`` supplies ``_ppo`` (ppo_utils) and ``_omegaconf`` (OmegaConf)."""
+    """The family ops; ``SkyRLAdapter`` supplies ``_ppo`` (ppo_utils), ``_config`` (skyrl.train.config)."""
 
     _ppo: ModuleType
-    _omegaconf: Any
+    _config: ModuleType
 
     def family_sources(self) -> tuple[dict[str, str], dict[str, str]]:
-        """(op -> skyrl-train function it calls, op -> why not provided)."""
+        """(op -> skyrl function it calls, op -> why not provided)."""
         ppo = self._ppo
         registry = ppo.PolicyLossRegistry
+        scale = _where(ppo.apply_loss_reduction_to_advantages_minibatch)
         sources = {
             "group_advantages": f"{_where(ppo.compute_advantages_and_returns)} -> "
             f"{_where(ppo.compute_grpo_outcome_advantage)} (grpo, dr_grpo), "
             f"{_where(ppo.compute_rloo_outcome_advantage)} (rloo)",
-            "aggregate_loss": _where(ppo.reduce_loss),
-            "gspo_loss": _where(registry.get("gspo")) + " via PolicyLossRegistry.get('gspo'), sequence_mean",
-            "cispo_loss": _where(registry.get("cispo")) + " via PolicyLossRegistry.get('cispo')",
-            "kl_loss": f"{_where(ppo.compute_approx_kl)} then {_where(ppo.reduce_loss)}",
+            "aggregate_loss": f"{scale} then {_where(ppo.reduce_loss)}",
+            "gspo_loss": _where(registry.get("gspo"))
+            + f" via PolicyLossRegistry.get('gspo'), advantages scaled by {scale} (sequence_mean)",
+            "cispo_loss": _where(registry.get("cispo"))
+            + f" via PolicyLossRegistry.get('cispo'), advantages scaled by {scale}",
+            "kl_loss": f"{_where(ppo.compute_approx_kl)} then {scale} and {_where(ppo.reduce_loss)}",
             "rollout_correction": _where(registry.get("regular"))
-            + " with use_tis: the weights it multiplies the loss by, read as the gradient",
+            + " with off_policy_correction.tis_ratio_type token | sequence "
+            + f"({_where(ppo.apply_off_policy_correction)}): the weights it multiplies the loss by, "
+            "read as the gradient",
         }
         return sources, dict(FAMILY_NOT_PROVIDED)
 
     def _algorithm_config(self, **fields: Any) -> Any:
-        base: dict[str, Any] = {
-            "policy_loss_type": "regular",
-            "loss_reduction": "token_mean",
-            "max_seq_len": None,
-            "eps_clip_low": 0.2,
-            "eps_clip_high": 0.2,
-            "clip_ratio_c": 3.0,
-            "use_tis": False,
-            "tis_imp_ratio_cap": -1.0,
-            "cispo": {"cispo_eps_clip_low": 0.0, "cispo_eps_clip_high": 5.0},
-        }
-        return self._omegaconf.create({**base, **fields})
+        """skyrl's ``AlgorithmConfig`` at its defaults except ``fields``."""
+        return self._config.AlgorithmConfig(**fields)
+
+    def _scaled(self, values: Tensor, keep: Tensor, loss_agg: str, norm_constant: float | None) -> Tensor:
+        """``values`` scaled so that their masked sum is the ``loss_agg`` reduction over the call's
+        batch, by the function the trainer applies to each mini-batch's advantages."""
+        reduction = reduction_config(loss_agg, norm_constant)
+        result: Tensor = self._ppo.apply_loss_reduction_to_advantages_minibatch(
+            advantages=values,
+            loss_mask=keep,
+            loss_reduction=reduction["loss_reduction"],
+            micro_batch_size=values.shape[0],
+            max_seq_len=reduction["max_seq_len"],
+        )
+        return result
 
     # --- GRP ---
 
@@ -194,7 +213,7 @@ class SkyRLFamilyOps:
             response_mask=torch.ones_like(rewards),
             index=group_ids.detach().cpu().numpy(),
             adv_estimator="rloo" if method == "rloo" else "grpo",
-            config=None,
+            config=self._algorithm_config(),
             grpo_norm_by_std=method == "grpo" and std_scope == "group",
         )
         result: Tensor = advantages.squeeze(-1)
@@ -213,10 +232,8 @@ class SkyRLFamilyOps:
         row_count: int | Tensor | None = None,
     ) -> Tensor:
         _no_counts(token_count, row_count)
-        reduction = reduction_config(loss_agg, norm_constant)
-        result: Tensor = self._ppo.reduce_loss(
-            per_token, _float_mask(mask, per_token), reduction["loss_reduction"], reduction["max_seq_len"]
-        )
+        keep = _float_mask(mask, per_token)
+        result: Tensor = self._ppo.reduce_loss(self._scaled(per_token, keep, loss_agg, norm_constant), keep)
         return result
 
     # --- GSPO, CISPO ---
@@ -240,10 +257,11 @@ class SkyRLFamilyOps:
             eps_clip_low=clip_eps,
             eps_clip_high=clip_eps if clip_eps_high is None else clip_eps_high,
         )
-        loss, clip_ratio = self._ppo.PolicyLossRegistry.get("gspo")(
-            logp, old_logp, advantages.unsqueeze(-1) * keep, config, loss_mask=keep
+        scaled = self._scaled(advantages.unsqueeze(-1) * keep, keep, "seq-mean-token-mean", None)
+        loss, metrics = self._ppo.PolicyLossRegistry.get("gspo")(
+            logp, old_logp, scaled, config, loss_mask=keep
         )
-        return SequenceLossResult(loss, clip_ratio)
+        return SequenceLossResult(loss, metrics["clip_ratio"])
 
     def cispo_loss(
         self,
@@ -260,15 +278,19 @@ class SkyRLFamilyOps:
         row_count: int | Tensor | None = None,
     ) -> SequenceLossResult:
         _no_counts(token_count, row_count)
+        keep = _float_mask(mask, logp)
+        reduction = reduction_config(loss_agg, norm_constant)
         config = self._algorithm_config(
             policy_loss_type="cispo",
-            cispo={"cispo_eps_clip_low": clip_low, "cispo_eps_clip_high": clip_high},
-            **reduction_config(loss_agg, norm_constant),
+            cispo=self._config.CISPOConfig(cispo_eps_clip_low=clip_low, cispo_eps_clip_high=clip_high),
+            loss_reduction=reduction["loss_reduction"],
+            max_seq_len=reduction["max_seq_len"],
         )
-        loss, clip_ratio = self._ppo.PolicyLossRegistry.get("cispo")(
-            logp, old_logp, advantages, config, loss_mask=_float_mask(mask, logp)
+        scaled = self._scaled(advantages, keep, loss_agg, norm_constant)
+        loss, metrics = self._ppo.PolicyLossRegistry.get("cispo")(
+            logp, old_logp, scaled, config, loss_mask=keep
         )
-        return SequenceLossResult(loss, clip_ratio)
+        return SequenceLossResult(loss, metrics["clip_ratio"])
 
     # --- KLL ---
 
@@ -307,23 +329,26 @@ class SkyRLFamilyOps:
         high: float,
         low: float | None = None,
     ) -> Tensor:
-        if level != "token" or mode != "truncate":
+        if level not in ("token", "sequence") or mode != "truncate":
             raise ValueError(
-                f"level, mode: skyrl-train 0.3.1 has token-level TIS only, got {level!r}, {mode!r}"
+                f"level, mode: skyrl 0.4.0's TIS is token or sequence truncation, got {level!r}, {mode!r}"
             )
         if low is not None:
-            raise ValueError("low: skyrl-train 0.3.1's TIS (tis_imp_ratio_cap) truncates above only")
+            raise ValueError(
+                "low: skyrl 0.4.0's TIS (token/sequence_tis_ratio_clip_high) truncates above only"
+            )
         old = logp.detach()
         keep = _float_mask(mask, old)
-        config = self._algorithm_config(use_tis=True, tis_imp_ratio_cap=float(high))
+        cap = {"token_tis_ratio_clip_high": float(high), "sequence_tis_ratio_clip_high": float(high)}
+        correction = self._config.OffPolicyCorrectionConfig(tis_ratio_type=level, **cap)
+        config = self._algorithm_config(off_policy_correction=correction)
         advantages = torch.ones_like(old, requires_grad=True)
         with torch.enable_grad():
             loss, _ = self._ppo.PolicyLossRegistry.get("regular")(
                 old, old, advantages, config, loss_mask=keep, rollout_logprobs=rollout_logp.detach()
             )
             (grad,) = torch.autograd.grad(loss, advantages)
-        tokens = keep.sum().clamp(min=1.0)
-        result: Tensor = -grad * tokens
+        result: Tensor = -grad
         return result
 
 
@@ -334,6 +359,7 @@ def _float_mask(mask: Tensor, like: Tensor) -> Tensor:
 def _no_counts(token_count: int | Tensor | None, row_count: int | Tensor | None) -> None:
     if token_count is not None or row_count is not None:
         raise ValueError(
-            "token_count, row_count: skyrl-train 0.3.1 reduces each micro-batch on its own (no whole-batch "
-            "counts; declared policy_loss_options without 'counts')"
+            "token_count, row_count: skyrl 0.4.0 scales each mini-batch by its own counts "
+            "(apply_loss_reduction_to_advantages_minibatch reads them off the tensors; declared "
+            "policy_loss_options without 'counts')"
         )

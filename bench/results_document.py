@@ -1,7 +1,7 @@
 """``bench/RESULTS.md`` as one document: every section rendered from the raw data in
 ``bench/results/`` (``manifest.json`` names the files each measurement wrote), the hand-written
-notes of ``bench/RESULTS-notes.md`` under the section each names, and the README's benchmark
-figures (between its ``bench-figures`` markers) from the same data.
+notes of ``bench/RESULTS-notes.md`` under the section each names, and the benchmark figures of
+``docs/benchmarks.md`` (between its ``bench-figures`` markers) from the same data.
 
     python tools/run_bench.py                # measure every section at one commit, write both files
     python tools/run_bench.py --render-only  # rebuild both from bench/results/ and the notes, no run
@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = ROOT / "bench" / "results"
 RESULTS_MD = ROOT / "bench" / "RESULTS.md"
 NOTES = ROOT / "bench" / "RESULTS-notes.md"
-README = ROOT / "README.md"
+README = ROOT / "docs" / "benchmarks.md"
+"""The page that holds the benchmark figures (README.md held them before it became a front page)."""
 MANIFEST = "manifest.json"
 
 MEASUREMENTS = ("trainer", "grpo", "primitives", "memory", "conformance", "family", "threads")

@@ -14,7 +14,8 @@ clauses that concern the op: the op's own clauses (its row of the op registry :d
 listed even when the adapter's declarations leave them ``not provided``), every other clause one of
 whose tests ran (the masked-input, edge and robustness clauses that call the op), and ``CONTRACT``.
 Any of those failing raises :class:`OpConformanceError` (an ``AssertionError``, so pytest reports it
-as a failing test) whose message is the compact block of every failing clause; otherwise it returns
+as a failing test) whose message is one block per failing clause (its kind,
+first failing test, expected against got, a reproduction); otherwise it returns
 the :class:`OpCheck`.
 
 The function's signature is the reference function's of the same name in :mod:`ppo_ref` (the

@@ -1,6 +1,7 @@
 """A small GRPO trainer of the kind users write: group advantages, a clipped policy loss over
 micro-batches with gradient accumulation, one optimizer step per batch. Nothing here imports ppo-ref;
-``my_step_runner.py`` judges its step with ppo-ref's step tier (README, "Judging your trainer's step").
+``my_step_runner.py`` judges its step with ppo-ref's step tier (docs/step-tier.md, "Judging your
+trainer's step").
 
 The batch is a dict of tensors: ``prompt_ids`` / ``prompt_mask`` (B, P) left-padded,
 ``response_ids`` / ``response_mask`` (B, T) right-padded, ``scores`` (B,), rows grouped by prompt.

@@ -1,9 +1,10 @@
 """One function at a time, without an adapter: ``check_op`` inside your own pytest run.
 
 Each test runs the conformance suite on one function of ``my_ppo_adapter.py`` (the same clauses,
-verdicts and report as ``--impl=my_ppo_adapter:make_adapter`` gives that op) and fails with the
-compact block of every failing clause. In the directory that holds both files, with ppo-ref
-installed (``pip install "ppo-ref[conformance]"``):
+verdicts and report as ``--impl=my_ppo_adapter:make_adapter`` gives that op) and fails with one
+block per failing clause (its kind, first failing test, expected against got, a reproduction).
+In the directory that holds both files, with ppo-ref installed (``pip install
+"ppo-ref[conformance]"``):
 
     python -m pytest test_my_losses.py
 """

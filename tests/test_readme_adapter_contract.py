@@ -1,23 +1,21 @@
-"""The README's adapter contract states, next to the signatures, what every op of the contract
-returns off the mask and when the padding holds NaN or inf (issue 15, item 6): a third-party author
-reads there why a clause such as IN-1 or GAE-4 fails."""
+"""The adapter contract (docs/adapters.md, found by its title through ``tests/docs_text.py``)
+states, next to the signatures, what every op of the contract returns off the mask and when the
+padding holds NaN or inf (issue 15, item 6): a third-party author reads there why a clause such as
+IN-1 or GAE-4 fails."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from ppo_ref.adapters import OP_NAMES
+from tests.docs_text import section
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+CONTRACT = "The adapter contract"
 
 
 def _semantics_rows() -> dict[str, tuple[str, str]]:
-    text = README.read_text(encoding="utf-8")
-    contract = text.index("### The adapter contract")
-    start = text.index(
-        "| op | output off the mask (mask 0) | output when the padding holds NaN / ±inf |", contract
-    )
+    text = section(CONTRACT)
+    start = text.index("| op | output off the mask (mask 0) | output when the padding holds NaN / ±inf |")
     rows: dict[str, tuple[str, str]] = {}
     for line in text[start:].splitlines()[2:]:
         if not line.startswith("|"):
@@ -41,7 +39,7 @@ def test_every_op_has_its_output_semantics_off_the_mask_and_under_nonfinite_padd
 
 
 def test_the_semantics_sit_next_to_the_signatures() -> None:
-    text = README.read_text(encoding="utf-8")
+    text = section(CONTRACT)
     signatures = text.index('`kl_penalty(logp, ref_logp, estimator="k1", mask=None)`')
     semantics = text.index("| op | output off the mask (mask 0) |")
     conventions = text.index("Declared conventions (`ppo_ref.adapters.conventions.CONVENTIONS`")

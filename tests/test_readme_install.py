@@ -1,6 +1,7 @@
-"""The README's install and CI commands, as a user copies them (issue 24): torch pinned wherever a
-pip line installs it, the suite's example commands with compact output, the install section's
-wheel name matching the package, and the trainer-step section naming every built-in runner.
+"""The documentation's install and CI commands, as a user copies them (issue 24): torch pinned
+wherever a pip line of the README or a docs page installs it, the suite's example commands with
+compact output, the README's install section's wheel name matching the package, and the trainer-step
+page naming every built-in runner (the text is read through ``tests/docs_text.py``, issue 29).
 
 The install section's commands themselves run in ``tests/test_wheel_install.py`` (slow): the built
 wheel, installed with the extra ``conformance`` only, in a fresh virtual environment.
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 from ppo_ref.adapters.step import BUILTIN_STEP_RUNNERS
+from tests.docs_text import all_text, commands, section
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -21,45 +23,15 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[import-not-found, unused-ignore]
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text(encoding="utf-8")
+TEXT = all_text()  # README.md and every page of docs/
 _PIN = re.search(r'TORCH_VERSION="\$\{PPO_REF_TORCH:-([0-9.]+)\}"', (ROOT / "dev").read_text())
 assert _PIN is not None, "./dev's torch pin"
 TORCH = _PIN.group(1)
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
 
 
-def section(title: str) -> str:
-    """The README's text from the heading ``title`` to the next heading of its level or above."""
-    heading = re.search(rf"^(#+) {re.escape(title)}\n", README, flags=re.MULTILINE)
-    assert heading is not None, title
-    level = len(heading.group(1))
-    rest = README[heading.end() :]
-    end = re.search(rf"^#{{1,{level}}} ", rest, flags=re.MULTILINE)
-    return rest if end is None else rest[: end.start()]
-
-
-def commands(text: str) -> list[str]:
-    """The command lines of the fenced code blocks in ``text``: continuation lines joined, ``#``
-    comments dropped, YAML ``- run: |`` bodies included."""
-    lines: list[str] = []
-    for block in re.findall(r"```(?:bash|yaml)\n(.*?)```", text, flags=re.DOTALL):
-        pending = ""
-        for raw in block.splitlines():
-            line = raw.strip()
-            if pending:
-                line = pending + " " + line
-                pending = ""
-            if line.endswith("\\"):
-                pending = line[:-1].strip()
-                continue
-            code = line.split(" #", 1)[0].strip()
-            if code and not code.startswith("#"):
-                lines.append(code)
-    return lines
-
-
-def test_every_readme_pip_line_that_installs_torch_or_ppo_ref_pins_torch() -> None:
-    installs = [c for c in commands(README) if "pip install" in c]
+def test_every_documented_pip_line_that_installs_torch_or_ppo_ref_pins_torch() -> None:
+    installs = [c for c in commands(TEXT) if "pip install" in c]
     assert installs, "no pip install line found"
     checked = 0
     for line in installs:
@@ -74,7 +46,7 @@ def test_every_readme_pip_line_that_installs_torch_or_ppo_ref_pins_torch() -> No
 
 
 def test_the_suites_example_commands_for_a_users_adapter_show_compact_output() -> None:
-    users = [c for c in commands(README) if re.search(r"--impl=(my_ppo_adapter|mypkg\.)", c)]
+    users = [c for c in commands(TEXT) if re.search(r"--impl=(my_ppo_adapter|mypkg\.)", c)]
     assert len(users) >= 5
     for line in users:
         if "pytest" in line:
@@ -95,7 +67,7 @@ def test_the_install_section_builds_and_installs_this_versions_wheel() -> None:
 
 
 def test_the_step_tier_section_names_every_built_in_step_runner() -> None:
-    text = section("The trainer-step tier: one step of a library's own training code")
+    text = section("The trainer-step tier: one step of a library's own training code", subsections=False)
     for name, target in BUILTIN_STEP_RUNNERS.items():
         module = target.partition(":")[0]
         assert f"--impl={name} " in text or module in text, name

@@ -1,7 +1,7 @@
-"""The README's ``examples/smollm2_gpu_bench.py`` commands, as a user types them.
+"""The documented ``examples/smollm2_gpu_bench.py`` commands (docs/benchmarks.md), as a user types them.
 
 On a CPU the default command would train a 134.5M-parameter model for half an hour, so its code path
-is run by ``--smoke`` (the README's second line) with the first line's ``--append-to`` target; the
+is run by ``--smoke`` (the page's second line) with the first line's ``--append-to`` target; the
 first line's own arguments are parsed as typed. ``bench/RESULTS.md`` is generated (a test checks it
 is exactly the rendering of ``bench/results/``), so appending GPU figures to it is refused.
 """
@@ -17,13 +17,15 @@ from types import ModuleType
 
 import pytest
 
+from tests.docs_text import all_text
+
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "examples" / "smollm2_gpu_bench.py"
 
 
 def _readme_lines() -> list[list[str]]:
     lines = []
-    for line in (REPO / "README.md").read_text(encoding="utf-8").splitlines():
+    for line in all_text().splitlines():
         if line.startswith("python examples/smollm2_gpu_bench.py"):
             lines.append(shlex.split(line.partition("#")[0]))
     return lines

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ppo_ref.adapters.step_check import StepCheck, load_config, main, step_check
+from tests.docs_text import section
 from tests.thirdparty_env import thirdparty_python
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,12 +67,8 @@ def test_a_library_that_is_not_installed_is_named(tmp_path: Path, capsys: pytest
 
 
 def _readme_block() -> list[str]:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = re.search(
-        r"#### At your own settings: `ppo-ref step-check`\n(.*?)\n### ", readme, flags=re.DOTALL
-    )
-    assert section is not None, "README.md has no step-check section"
-    block = re.search(r"```bash\n(.*?)```", section.group(1), flags=re.DOTALL)
+    text = section("At your own settings: `ppo-ref step-check`")  # docs/step-tier.md
+    block = re.search(r"```bash\n(.*?)```", text, flags=re.DOTALL)
     assert block is not None
     return block.group(1).splitlines()
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs_text import section
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("my_trainer.py", "my_step_runner.py", "my_ppo_adapter.py")
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -52,10 +54,8 @@ def _environment(**extra: str) -> dict[str, str]:
 
 
 def _readme_commands() -> list[str]:
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = re.search(r"### Judging your trainer's step\n(.*?)\n### ", readme, flags=re.DOTALL)
-    assert section is not None, "README.md has no section 'Judging your trainer's step'"
-    block = re.search(r"```bash\n(.*?)```", section.group(1), flags=re.DOTALL)
+    text = section("Judging your trainer's step", subsections=False)  # docs/step-tier.md
+    block = re.search(r"```bash\n(.*?)```", text, flags=re.DOTALL)
     assert block is not None
     return [line for line in block.group(1).splitlines() if line.startswith("python -m pytest")]
 
@@ -109,7 +109,7 @@ def test_the_readme_commands_judge_the_example_trainer_from_the_installed_wheel(
     for path in where.stdout.split():
         assert Path(path).is_relative_to(venv), f"{path} is not the installed wheel"
     commands = _readme_commands()
-    assert commands, "the README section documents no python -m pytest command"
+    assert commands, "the section documents no python -m pytest command"
     for command in commands:
         words = shlex.split(command)
         done = _run([python, *words[1:], "-p", "no:cacheprovider"], user, env)

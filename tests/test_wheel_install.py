@@ -26,15 +26,15 @@ from typing import Any
 import pytest
 
 from conformance.cases import CASES_DIR, SPEC_VERSION
+from tests.docs_text import all_text, commands, section
 from tests.test_packaging import TRAINER_STACK
-from tests.test_readme_install import commands, section
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "2.13.0"  # ./dev's pin: an unpinned torch would pull a multi-GB CUDA build
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 COMMAND = ["-m", "pytest", "--pyargs", "ppo_ref_conformance", "--impl=my_ppo_adapter:make_adapter"]
-"""The documented command (README, "In your own CI"), after the environment's python."""
+"""The documented command (docs/ci.md, "In your own CI"), after the environment's python."""
 OPTIONS = ["--conformance-examples=4", "-p", "no:cacheprovider"]
 
 
@@ -195,8 +195,7 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_
     own_tests = _run([python, "-m", "pytest", "test_my_losses.py", "-p", "no:cacheprovider"], user, env)
     assert own_tests.stdout.strip().splitlines()[-1].startswith("=") and " 2 passed" in own_tests.stdout
     # The README's example, as printed, on this adapter.
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    example = re.search(r"From Python, `run_conformance`.*?```python\n(.*?)```", readme, flags=re.DOTALL)
+    example = re.search(r"From Python, `run_conformance`.*?```python\n(.*?)```", all_text(), flags=re.DOTALL)
     assert example is not None
     source = example.group(1).replace("mypkg.ppo_adapter:make_adapter", "my_ppo_adapter:make_adapter")
     printed = _run([python, "-c", source], user, env).stdout.splitlines()

@@ -2,7 +2,7 @@
 
     python tools/run_bench.py                 # everything at one commit: 35-60 minutes on 2 cores
     python tools/run_bench.py --quick --results-dir /tmp/bench   # a pipeline check: 23 min at load 7
-    python tools/run_bench.py --render-only   # no run: rebuild RESULTS.md and README's figures
+    python tools/run_bench.py --render-only   # no run: rebuild RESULTS.md and docs/benchmarks.md's figures
     python tools/run_bench.py --only grpo     # one part; the file then says it is not one run
 
 In one run, in this order:
@@ -27,7 +27,7 @@ In one run, in this order:
 
 Writes the raw JSON (``run.json``, the primitives', ``family*.json``, ``thread-policy.json``) and
 ``manifest.json`` (which files each section reads) to ``--results-dir`` (``bench/results``), then
-``bench/RESULTS.md`` whole and README's benchmark figures (:mod:`bench.results_document`, with the
+``bench/RESULTS.md`` whole and docs/benchmarks.md's benchmark figures (:mod:`bench.results_document`, with the
 hand-written notes of ``bench/RESULTS-notes.md``); commits nothing. A run of every part whose data
 turns out not to be from one commit (HEAD moved meanwhile) is refused as one run: the file is
 written with each section's commit marked and the exit status is 1. Every benchmark subprocess gets
@@ -511,7 +511,7 @@ def git_commit() -> str | None:
 
 
 def render(args: argparse.Namespace, *, require_one_commit: bool) -> int:
-    """Write RESULTS.md (and README's figures, for the default output) from the results directory;
+    """Write RESULTS.md (and docs/benchmarks.md's figures, for the default output) from the results directory;
     1 if ``require_one_commit`` fails (the file is then written with the sections marked)."""
     readme = document.README if args.output == document.RESULTS_MD else None
     status = 0
@@ -541,15 +541,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--render-only",
         action="store_true",
-        help="run nothing: rebuild RESULTS.md (and README's figures) from the results directory and "
-        "bench/RESULTS-notes.md",
+        help="run nothing: rebuild RESULTS.md (and docs/benchmarks.md's figures) from the results "
+        "directory and bench/RESULTS-notes.md",
     )
     parser.add_argument(
         "--results-dir",
         type=Path,
         default=RESULTS,
         help="where the raw JSON goes, with its manifest.json (default bench/results; another directory "
-        "gets its own RESULTS.md and leaves README.md alone)",
+        "gets its own RESULTS.md and leaves docs/benchmarks.md alone)",
     )
     parser.add_argument(
         "--output",

@@ -79,7 +79,7 @@ class TrainerConfig:
     (one prefill per group of identical prompts, a preallocated cache and attention mask, finished
     rows compacted out) or static-compiled (static with a torch.compile'd decode step; eager, with
     one printed line, where compilation fails). The same tokens for the same seed; log-probs within
-    float rounding. static-compiled pays its compile time back only in long runs (README)."""
+    float rounding. static-compiled pays its compile time back only in long runs (docs/trainer.md)."""
     forward_batch_size: int | None = None
     """Rows per no-grad forward pass in rollouts and evaluation (None = all at once)."""
 

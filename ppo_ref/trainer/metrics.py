@@ -73,7 +73,7 @@ REQUIRED_METRICS: tuple[str, ...] = (
     "advantage_std",
     "value_mean",
 )
-"""The fields of every metrics.jsonl record required by the trainer issue (README documents each)."""
+"""The fields of every metrics.jsonl record required by the trainer issue (docs/outputs.md documents each)."""
 
 STAGE_SECONDS: tuple[str, ...] = (
     "seconds_prompts",

@@ -27,6 +27,7 @@ from ppo_ref.trainer import PPOTrainer
 from ppo_ref.trainer.metrics import IDENTICAL_SCORE_ITERATIONS, IdenticalScoreWatch
 from ppo_ref.trainer.requirements import EXTRA, missing_requirements, missing_trainer_message
 from ppo_ref.trainer.setup import load_prompts, probe_reward_function, prompts_file_summary
+from tests.docs_text import section
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,11 +59,10 @@ def test_dev_train_says_how_to_type_the_command_and_keeps_its_exit_status(tmp_pa
 
 
 def test_the_readmes_training_section_says_where_the_command_is() -> None:
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    quick_start = readme.split("## Quick start", 1)[1].split("## Tests", 1)[0]
-    training = readme.split("## Training with the built-in trainer", 1)[1].split("\n### ", 1)[0]
-    for section in (quick_start, training):
-        assert ".venv/bin/ppo-ref" in section and "source .venv/bin/activate" in section
+    quick_start = section("Quick start")  # README.md
+    training = section("Training with the built-in trainer", subsections=False)  # docs/trainer.md
+    for text in (quick_start, training):
+        assert ".venv/bin/ppo-ref" in text and "source .venv/bin/activate" in text
 
 
 # -- c. the suite-only install: ppo-ref train names the missing extra ---------------------------------

@@ -1,9 +1,9 @@
 """End to end: the critic-free estimators learn the default task (issue 12, part 3), at a smaller
-size than the measured runs of the README (fewer iterations), with a fixed seed.
+size than the measured runs of docs/estimators.md (fewer iterations), with a fixed seed.
 
 Slow: each test builds the task positive-review (its tiny policy's supervised warm-up included)
 and trains without a critic. The bounds sit well below the figures measured with seed 0 (see the
-README's trainer section), so float-level differences between machines do not flip them.
+page's section "Measured on the default task"), so float-level differences between machines do not flip them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The README's Python examples run as printed (issue 15): the quick-start snippet prints what its
+"""The documentation's Python examples run as printed (issue 15; found across README.md and docs/ by
+``tests/docs_text.py``, issue 29): the quick-start snippet prints what its
 comments say and imports only what it uses; the Python API example trains and records its reward."""
 
 from __future__ import annotations
@@ -12,16 +13,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def python_block_after(marker: str) -> str:
-    """The first ```python block after the line that contains ``marker``."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index(marker)
-    match = re.search(r"```python\n(.*?)```", text[start:], flags=re.DOTALL)
-    assert match is not None, f"no python block after {marker!r}"
-    return match.group(1)
+from tests.docs_text import python_block_after
 
 
 def run(source: str, cwd: Path) -> str:
@@ -58,7 +50,7 @@ def test_quick_start_snippet_prints_what_its_comments_say(tmp_path: Path) -> Non
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_python_api_example_trains_and_records_its_reward(tmp_path: Path) -> None:
-    source = python_block_after("### From Python: `PPOTrainer` and `TrainingSetup`")
+    source = python_block_after("## From Python: `PPOTrainer` and `TrainingSetup`")
     assert unused_imports(source) == []
     printed = run(source, tmp_path)
     assert re.search(r"^score -?\d\.\d{3} -> -?\d\.\d{3}$", printed, flags=re.MULTILINE), printed

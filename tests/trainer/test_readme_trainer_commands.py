@@ -1,7 +1,9 @@
-"""Every ``ppo-ref train`` line of the README's fenced code blocks, tested as a user types it (issue 12).
+"""Every ``ppo-ref train`` line of the documentation's fenced code blocks, tested as a user types it
+(issue 12).
 
-Each line is taken from README.md (trailing ``# comments`` stripped) and falls in exactly one of
-three lists, checked by the line's text, so that a new README line cannot slip through unlisted:
+Each line is taken from README.md and the pages of docs/ (``tests/docs_text.py``, issue 29; trailing
+``# comments`` stripped) and falls in exactly one of three lists, checked by the line's text, so that
+a new line on any page cannot slip through unlisted:
 
 - ``USER_FILES``: the line names files that only exist in the user's world (``--config my.toml``,
   ``--policy ckpt/``, ``--prompts prompts.jsonl``, ``--reward my_rewards:...``, ``--resume ...``);
@@ -30,7 +32,7 @@ three lists, checked by the line's text, so that a new README line cannot slip t
   asked for, and one finite metrics record.
 
 The fast test (``test_every_readme_train_line_parses``, no marker) parses every line through the
-command's own ``resolve_config``, so a wrong flag in the README fails in ``./dev test``.
+command's own ``resolve_config``, so a wrong flag on a page fails in ``./dev test``.
 
 Cost: one line runs in about 31 CPU-seconds (task build with its warm-up, two evaluations of 256
 responses, one iteration, checkpoint, plots); lines whose code path an existing test already runs at
@@ -52,9 +54,9 @@ import pytest
 
 from ppo_ref import cli
 from ppo_ref.trainer import TrainerConfig
+from tests.docs_text import pages, read
 
 REPO = Path(__file__).resolve().parents[2]
-README = REPO / "README.md"
 PPO_REF = Path(sys.executable).with_name("ppo-ref")
 CRITIC_FREE = {"grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++-baseline"}
 CRITIC_METRICS = {"value_loss", "explained_variance", "value_mean", "grad_norm_critic"}
@@ -99,15 +101,24 @@ COVERED: dict[str, tuple[str, frozenset[str]]] = {
 }
 
 
-def readme_train_lines() -> list[str]:
-    """The ``ppo-ref train`` commands of README.md's fenced code blocks, comments stripped, in order."""
-    lines: list[str] = []
+def _page_lines(text: str) -> list[str]:
+    """The lines of ``text`` inside its fenced code blocks."""
+    inside: list[str] = []
     fenced = False
-    for raw in README.read_text(encoding="utf-8").splitlines():
+    for raw in text.splitlines():
         if raw.lstrip().startswith("```"):
             fenced = not fenced
-            continue
-        words = shlex.split(raw, comments=True) if fenced and "ppo-ref train" in raw else []
+        elif fenced:
+            inside.append(raw)
+    return inside
+
+
+def readme_train_lines() -> list[str]:
+    """The ``ppo-ref train`` commands of the fenced code blocks of README.md and docs/*.md, comments
+    stripped, in order."""
+    lines: list[str] = []
+    for raw in (line for page in pages() for line in _page_lines(read(page))):
+        words = shlex.split(raw, comments=True) if "ppo-ref train" in raw else []
         if len(words) >= 2 and words[0].endswith("ppo-ref") and words[1] == "train":
             lines.append(shlex.join(words))
     return lines
@@ -133,7 +144,7 @@ def test_the_readme_lines_are_found_and_every_one_is_listed_or_run() -> None:
     assert "ppo-ref train" in LINES  # the first example, the default run
     assert not set(USER_FILES) & set(COVERED)
     stale = sorted((set(USER_FILES) | set(COVERED)) - set(LINES))
-    assert stale == [], f"listed lines no longer in README.md: {stale}"
+    assert stale == [], f"listed lines no longer in README.md or docs/: {stale}"
     for line in LINES:
         names_user_files = any(flag in line.split() for flag in USER_FLAGS)
         # a line naming the user's files is listed as such; a line listed as such names them

@@ -65,6 +65,7 @@ BUILTIN_STEP_RUNNERS: Mapping[str, str] = {
     "verl": "ppo_ref.adapters.thirdparty.verl_step:make_step",  # verl 0.9.1: the FSDP engine's actor update
     "openrlhf": "ppo_ref.adapters.thirdparty.openrlhf_step:make_step",  # OpenRLHF 0.11.2: the PPO actor's fit
     "swift": "ppo_ref.adapters.thirdparty.swift_step:make_step",  # ms-swift 4.6.0: GRPOTrainer via SwiftRLHF
+    "rlinf": "ppo_ref.adapters.thirdparty.rlinf_step:make_step",  # RLinf 0.3.0: FSDPActor.training_step
 }
 """Adapter name -> ``module:factory`` of its step runner (the factory returns None where the
 installed version has none), for adapters that do not carry a ``step`` attribute themselves."""

@@ -192,6 +192,12 @@ class RlinfStep:
         "a tiny Qwen2"
     )
     truncation_convention = None
+    truncation_not_provided = (
+        "RLinf 0.3.0's reasoning path has no truncation handling: RolloutResult.is_end (the stop reason) "
+        "reaches the actor's batch (rlinf/data/io_struct.py:795,832, to_actor_batch) but only the rollout "
+        "metrics read it (rlinf/utils/distributed.py:67,199); the loss mask, the rewards and the GRPO "
+        "advantages of a row cut at the budget are those of a row that ended"
+    )
 
     def __init__(self, seed: int = 0) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):

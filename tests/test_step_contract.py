@@ -400,3 +400,11 @@ def test_step5_reports_a_declared_missing_truncation_handling_as_not_provided() 
     assert any("declared together with truncation_convention" in p for p in step_problems(_Both()))
     with pytest.raises(ValueError, match=r"^runner: truncation_not_provided"):
         truncation_not_provided(_Empty())
+    with pytest.raises(
+        AssertionError, match="truncation_not_provided"
+    ):  # the STEP-5 test checks the contract
+        tier.test_step5_only_rows_cut_at_the_budget_are_truncated(_Empty(), batch, lambda k, v: None)
+    # the contract test does not count for STEP-5: a clause passes once one of its tests passed, which
+    # would make a not-provided STEP-5 a pass in the report
+    clauses = [m.args for m in tier.test_step_runner_contract.pytestmark if m.name == "clause"]
+    assert clauses == [("STEP-1", "STEP-2", "STEP-3", "STEP-4")], clauses

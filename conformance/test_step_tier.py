@@ -8,7 +8,9 @@ EOS-ended completion filling the budget, two cut at it), for every loss mode the
 STEP-5 measures which rows the library treated as truncated from the library's own per-row
 outputs in the result (:data:`ppo_ref.adapters.step.OUTPUTS`), not from the runner's word; a
 runner's declared ``truncation_convention`` (a length-only reward penalty as a paper writes it) is
-applied to every row's expected reward and shown with the verdict.
+applied to every row's expected reward and shown with the verdict; a runner declaring
+``truncation_not_provided`` (its library has no truncation handling of its own, with the reason) gets
+STEP-5 "not provided" with that reason, once its outputs are seen to treat no row as truncated.
 The measured differences are attached to each test as ``user_properties`` (``step_measure``) so
 that a report, or ``-rA`` with ``--junitxml``, shows them; a mode the runner declares
 ``micro_batch_local`` has its STEP-2 dependence measured and shown, not failed.
@@ -34,6 +36,7 @@ from ppo_ref.adapters.step import (
     step_runner,
     treated_as_truncated,
     truncation_convention,
+    truncation_not_provided,
     truncation_problems,
 )
 
@@ -110,7 +113,10 @@ def _compare(
     return failures
 
 
-@pytest.mark.clause("STEP-1", "STEP-2", "STEP-3", "STEP-4", "STEP-5")
+# Not STEP-5: a clause is "pass" once one of its tests passed, so this test would turn a STEP-5 that
+# the library does not provide (truncation_not_provided, or no per-row outputs) into a pass; the STEP-5
+# test checks the contract itself.
+@pytest.mark.clause("STEP-1", "STEP-2", "STEP-3", "STEP-4")
 def test_step_runner_contract(runner: StepRunner) -> None:
     assert step_problems(runner) == []
 
@@ -186,6 +192,7 @@ def test_step5_only_rows_cut_at_the_budget_are_truncated(
 ) -> None:
     assert batch.truncated == (False, False, True, False, False, False, False, True)
     assert max(len(c) for c in batch.completions) == len(batch.completions[0]) == batch.budget  # EOS-ended
+    assert step_problems(runner) == []  # the contract, for this clause too (see test_step_runner_contract)
     probe = getattr(runner, "truncation_run", None)
     result = probe(batch) if probe is not None else _run(runner, batch, runner.loss_modes[0])
     convention = truncation_convention(runner)  # a declared length-only reward penalty, or None
@@ -196,6 +203,14 @@ def test_step5_only_rows_cut_at_the_budget_are_truncated(
     record_property(
         "step_measure", f"{runner.name}: rows treated as truncated {measured} (from {sorted(result.outputs)})"
     )
+    reason = truncation_not_provided(runner)  # the library has no truncation handling of its own
+    if reason is not None:
+        wrongly = [i for i, row in enumerate(measured) if row]
+        assert not wrongly, (
+            f"{runner.name} declares no truncation handling ({reason}), yet its outputs treat rows "
+            f"{wrongly} as truncated"
+        )
+        pytest.skip(f"not provided: {runner.name} has no truncation handling of its own: {reason}")
     if convention is not None:
         plain = treated_as_truncated(batch, result.outputs)
         record_property(

@@ -159,6 +159,7 @@ def _library_modules() -> dict[str, set[str]]:
         ("trl_step.py", "trl116"): "trl.experimental.ppo",
         ("openrlhf_step.py", "openrlhf"): "",
         ("swift_step.py", "swift"): "",
+        ("rlinf_step.py", "rlinf"): "",
     }
     for (name, env), absent in runners.items():
         modules = _imported_modules(REPO / "ppo_ref" / "adapters" / "thirdparty" / name)
@@ -166,7 +167,17 @@ def _library_modules() -> dict[str, set[str]]:
             m
             for m in modules
             if m.split(".")[0]
-            in ("verl", "trl", "transformers", "accelerate", "datasets", "openrlhf", "deepspeed", "swift")
+            in (
+                "verl",
+                "trl",
+                "transformers",
+                "accelerate",
+                "datasets",
+                "openrlhf",
+                "deepspeed",
+                "swift",
+                "rlinf",
+            )
         }
         by_env.setdefault(env, set()).update(m for m in library if not (absent and m.startswith(absent)))
     return by_env

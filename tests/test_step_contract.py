@@ -30,6 +30,7 @@ from ppo_ref.adapters.step import (
     step_runner,
     treated_as_truncated,
     truncation_convention,
+    truncation_not_provided,
     truncation_problems,
 )
 from ppo_ref.adapters.step_kit import padded
@@ -124,7 +125,7 @@ def test_runner_lookup_and_contract() -> None:
         name = "mine"
         step = object()
 
-    names = {"mine", "trl", "trl116", "verl", "openrlhf", "swift"}  # the adapters' names
+    names = {"mine", "trl", "trl116", "verl", "openrlhf", "swift", "rlinf"}  # the adapters' names
     assert set(BUILTIN_STEP_RUNNERS) == names
     assert step_runner(WithStep()) is runner
     assert isinstance(step_runner(Named()), MineStep)
@@ -334,3 +335,76 @@ def test_a_runner_declaring_something_else_is_named() -> None:
     with pytest.raises(ValueError, match=r"^runner: truncation_convention"):
         truncation_convention(_Bad())
     assert truncation_convention(MineStep()) is None
+
+
+class _NoTruncationHandling:
+    """A library with no truncation handling of its own: every row keeps its score and its whole loss
+    mask, EOS or not; its runner says so (``truncation_not_provided``). ``eos_penalised`` breaks it: the
+    EOS-ended row filling the budget is rewarded other than its score, which the declaration denies."""
+
+    name = "no-truncation"
+    version = "0"
+    provenance = "tests/test_step_contract.py"
+    loss_modes = ("token-mean",)
+    micro_batch_local: Mapping[str, str] = MappingProxyType({})
+    truncation_not_provided = "the stop reason reaches only the metrics (test library, lib.py:1)"
+
+    def __init__(self, eos_penalised: bool = False) -> None:
+        self.eos_penalised = eos_penalised
+
+    def run(self, batch: StepBatch, **kwargs: Any) -> StepResult:
+        rewards = torch.tensor(batch.scores)
+        if self.eos_penalised:
+            rewards[0] -= 1.0  # row 0 ends with EOS on the budget's last token
+        mask = padded(batch, response_width=batch.budget).attention_mask[:, -batch.budget :].double()
+        return StepResult({}, 0.0, outputs={"loss_mask": mask, "rewards": rewards})
+
+
+def test_step5_reports_a_declared_missing_truncation_handling_as_not_provided() -> None:
+    """The suite's STEP-5 test itself: a runner declaring ``truncation_not_provided`` is skipped as
+    "not provided" with its reason (never a pass, never a FAIL) when its outputs treat no row as
+    truncated; one whose outputs contradict the declaration fails; the attribute is type-checked."""
+    from conformance import test_step_tier as tier
+
+    batch = example_batch(budget=tier.BUDGET, prompt_length=tier.PROMPT_LENGTH)
+    runner = _NoTruncationHandling()
+    assert step_problems(runner) == [] and truncation_not_provided(runner) == runner.truncation_not_provided
+    measures: list[tuple[str, object]] = []
+    with pytest.raises(pytest.skip.Exception) as skipped:
+        tier.test_step5_only_rows_cut_at_the_budget_are_truncated(
+            runner, batch, lambda k, v: measures.append((k, v))
+        )
+    message = str(skipped.value)
+    assert message.startswith("not provided: no-truncation has no truncation handling of its own: ")
+    assert "test library, lib.py:1" in message
+    assert measures and "rows treated as truncated (False," in str(measures[0][1])
+    # without the declaration the same outputs fail STEP-5 (rows 2 and 7 are cut, treated as ended)
+    assert truncation_problems(batch, runner.run(batch, loss_mode="token-mean"))
+    with pytest.raises(
+        AssertionError, match=r"declares no truncation handling .* treat rows \[0\] as truncated"
+    ):
+        tier.test_step5_only_rows_cut_at_the_budget_are_truncated(
+            _NoTruncationHandling(eos_penalised=True), batch, lambda k, v: None
+        )
+    assert truncation_not_provided(MineStep()) is None
+
+    class _Empty(_NoTruncationHandling):
+        truncation_not_provided = ""
+
+    class _Both(_NoTruncationHandling):
+        truncation_convention = LengthPenalty(buffer=2)
+
+    assert any(
+        p.startswith("truncation_not_provided: expected a non-empty str") for p in step_problems(_Empty())
+    )
+    assert any("declared together with truncation_convention" in p for p in step_problems(_Both()))
+    with pytest.raises(ValueError, match=r"^runner: truncation_not_provided"):
+        truncation_not_provided(_Empty())
+    with pytest.raises(
+        AssertionError, match="truncation_not_provided"
+    ):  # the STEP-5 test checks the contract
+        tier.test_step5_only_rows_cut_at_the_budget_are_truncated(_Empty(), batch, lambda k, v: None)
+    # the contract test does not count for STEP-5: a clause passes once one of its tests passed, which
+    # would make a not-provided STEP-5 a pass in the report
+    clauses = [m.args for m in tier.test_step_runner_contract.pytestmark if m.name == "clause"]
+    assert clauses == [("STEP-1", "STEP-2", "STEP-3", "STEP-4")], clauses

@@ -294,7 +294,7 @@ RECIPES: dict[str, Recipe] = {
         ),
         Recipe(
             name="rlinf",
-            summary="RLinf 0.3.0 without its declared dependencies (they pull sglang/vllm/wandb)",
+            summary="RLinf 0.3.0 without its declared dependencies (sglang/vllm/wandb), transformers 4.57",
             steps=(
                 ("--no-deps", "rlinf==0.3.0"),
                 # What rlinf.algorithms (advantages, losses, kl_penalty, the aggregations) imports
@@ -302,6 +302,11 @@ RECIPES: dict[str, Recipe] = {
                 # imports rlinf.scheduler (ray), algorithms/toolcall_parsers.py imports regex.
                 # ray 2.51.1 as in the verl and skyrl envs (rlinf declares ray[default]>=2.47).
                 ("omegaconf==2.3.1", "ray==2.51.1", "regex==2026.11.19"),
+                # The step runner's FSDPActor (rlinf/workers/actor/fsdp_actor_worker.py): its FSDP model
+                # manager imports transformers' AutoModelForVision2Seq (fsdp_model_manager.py:26; gone in
+                # transformers 5, so 4.x, outside ppo-ref's >=5.17 as verl's 5.10.4 is) and
+                # hybrid_engines/fsdp/utils.py:35 imports accelerate.
+                ("transformers==4.57.6", "accelerate==1.16.0"),
             ),
             imports=(
                 "rlinf",
@@ -309,8 +314,9 @@ RECIPES: dict[str, Recipe] = {
                 "rlinf.algorithms.losses",
                 "rlinf.algorithms.utils",
                 "rlinf.utils.utils",
+                "rlinf.workers.actor.fsdp_actor_worker",
             ),
-            report=("rlinf", "omegaconf", "ray", "regex"),
+            report=("rlinf", "omegaconf", "ray", "regex", *HF_STACK_REPORT),
         ),
         Recipe(
             name="swift",

@@ -55,6 +55,7 @@ __all__ = [
     "step_runner",
     "treated_as_truncated",
     "truncation_convention",
+    "truncation_not_provided",
     "truncation_problems",
 ]
 
@@ -65,6 +66,7 @@ BUILTIN_STEP_RUNNERS: Mapping[str, str] = {
     "verl": "ppo_ref.adapters.thirdparty.verl_step:make_step",  # verl 0.9.1: the FSDP engine's actor update
     "openrlhf": "ppo_ref.adapters.thirdparty.openrlhf_step:make_step",  # OpenRLHF 0.11.2: the PPO actor's fit
     "swift": "ppo_ref.adapters.thirdparty.swift_step:make_step",  # ms-swift 4.6.0: GRPOTrainer via SwiftRLHF
+    "rlinf": "ppo_ref.adapters.thirdparty.rlinf_step:make_step",  # RLinf 0.3.0: FSDPActor.training_step
 }
 """Adapter name -> ``module:factory`` of its step runner (the factory returns None where the
 installed version has none), for adapters that do not carry a ``step`` attribute themselves."""
@@ -292,7 +294,13 @@ class StepRunner(Protocol):
     (``truncated_rows(batch)``): the claim is only cross-checked against the measurement. A runner
     whose library shapes the reward by length alone, as a paper prescribes, declares it in the
     optional attribute ``truncation_convention`` (a :class:`LengthPenalty`): STEP-5 then expects
-    every row's reward to be its score plus that penalty (:func:`truncation_problems`).
+    every row's reward to be its score plus that penalty (:func:`truncation_problems`). A runner
+    whose library has no truncation handling of its own on the path it runs (no stop reason reaches
+    the loss mask, the rewards or the advantages) says so in the optional attribute
+    ``truncation_not_provided``: the reason, naming the library's file and line where the stop
+    reason ends. STEP-5 then reports "not provided" with that reason, after checking the declaration
+    against the measurement: a library declared without truncation handling must treat no row as
+    truncated (else STEP-5 fails). It excludes ``truncation_run`` and ``truncation_convention``.
     """
 
     @property
@@ -346,6 +354,17 @@ def step_problems(runner: object) -> list[str]:
     convention = getattr(runner, "truncation_convention", None)  # optional
     if convention is not None and not isinstance(convention, LengthPenalty):
         problems.append(f"truncation_convention: expected a LengthPenalty or None, got {convention!r}")
+    reason = getattr(runner, "truncation_not_provided", None)  # optional
+    if reason is not None:
+        if not isinstance(reason, str) or not reason.strip():
+            problems.append(
+                f"truncation_not_provided: expected a non-empty str (the reason) or None, got {reason!r}"
+            )
+        elif convention is not None or getattr(runner, "truncation_run", None) is not None:
+            problems.append(
+                "truncation_not_provided: declared together with truncation_convention or truncation_run, "
+                "which say the library handles truncation"
+            )
     return problems
 
 
@@ -355,6 +374,15 @@ def truncation_convention(runner: object) -> LengthPenalty | None:
     if convention is not None and not isinstance(convention, LengthPenalty):
         raise ValueError(f"runner: truncation_convention must be a LengthPenalty or None, got {convention!r}")
     return convention
+
+
+def truncation_not_provided(runner: object) -> str | None:
+    """The reason ``runner`` gives for its library having no truncation handling of its own (its
+    ``truncation_not_provided`` attribute; STEP-5 then reports "not provided"), or None."""
+    reason = getattr(runner, "truncation_not_provided", None)
+    if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+        raise ValueError(f"runner: truncation_not_provided must be a non-empty str or None, got {reason!r}")
+    return reason
 
 
 def step_runner(adapter: object) -> StepRunner | None:

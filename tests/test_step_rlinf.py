@@ -1,0 +1,171 @@
+"""The trainer-step tier run against RLinf 0.3.0's own reasoning actor update, in ``.envs/rlinf``
+(spec STEP-1..5).
+
+``pytest conformance/test_step_tier.py --impl=rlinf`` (the built-in step runner of the ``rlinf``
+adapter, ``ppo_ref.adapters.thirdparty.rlinf_step``: rows as a ``RolloutResult`` through
+``to_actor_batch``, old log-probs by ``FSDPActor.inference_step``, GRPO advantages by
+``compute_advantages_and_returns``, the update by ``FSDPActor.training_step`` under FSDP2 over a gloo
+group of one, the three ``algorithm.loss_agg_func`` values). Pinned verdicts, as measured:
+
+- STEP-2 fails for ``token-mean`` (RLinf's documented default), at 2 and 4 micro-batches (relative
+  gradient moves 7.67e-02 and 6.91e-01): ``training_step`` aggregates each micro-batch with the loss
+  aggregation on its own tokens (``compute_ppo_actor_loss`` -> ``masked_mean``) and divides by
+  ``gradient_accumulation`` (``rlinf/workers/actor/fsdp_actor_worker.py:819``), so the step's gradient
+  is the mean of per-micro-batch token means, not the batch's token mean. The two ``seq-mean`` modes
+  pass (equal rows per micro-batch).
+- STEP-5 is "not provided" (the runner's ``truncation_not_provided``): RLinf's reasoning path has no
+  truncation handling. ``RolloutResult.is_end`` reaches the actor's batch (``to_actor_batch``) but only
+  the rollout metrics read it (``rlinf/utils/distributed.py:67,199``); a row cut at the budget keeps its
+  score, its advantages and its loss mask as if it had ended (the suite checks that no row is treated as
+  truncated before it skips).
+
+The gradient is also checked against the formula computed here independently on the same model.
+Skipped where the environment is missing (``python tools/thirdparty_envs.py rlinf``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.thirdparty_env import thirdparty_python
+
+REPO = Path(__file__).resolve().parents[1]
+EXPECTED_FAILURES = {
+    "test_step2_micro_batches_give_the_whole_batch_gradient[2]",
+    "test_step2_micro_batches_give_the_whole_batch_gradient[4]",
+}  # and STEP-5 skipped as not provided
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
+
+ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+# the checkout's plugin (conformance.plugin), not the one an editable install of another checkout names
+PLUGIN = ["-p", "no:ppo_ref_conformance", "-p", "conformance.plugin"]
+
+
+def _python() -> Path:
+    return thirdparty_python("rlinf")  # skips where .envs/rlinf is missing
+
+
+def test_step_tier_verdicts_of_rlinf() -> None:
+    command = [str(_python()), "-m", "pytest", "conformance/test_step_tier.py", "--impl=rlinf", *PLUGIN]
+    command += ["-q", "-p", "no:cacheprovider", "-rfEs", "--tb=short"]
+    wide = {**ENVIRONMENT, "COLUMNS": "2000"}  # the skip reason in full in the short summary
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=wide, timeout=900)
+    failed = set(re.findall(r"^FAILED conformance/test_step_tier.py::(\S+)", done.stdout, re.MULTILINE))
+    passed = re.search(r"(\d+) passed", done.stdout)
+    skipped = re.search(r"(\d+) skipped", done.stdout)
+    assert failed == EXPECTED_FAILURES, done.stdout[-3000:]
+    assert skipped is not None and int(skipped.group(1)) == 1, done.stdout[-3000:]
+    assert re.search(
+        r"^SKIPPED .*test_step_tier.py:\d+: not provided: rlinf has no truncation handling of its own: "
+        r"RLinf 0\.3\.0's reasoning path has no truncation handling",
+        done.stdout,
+        re.MULTILINE,
+    ), done.stdout[-3000:]
+    assert "rlinf/utils/distributed.py:67,199" in done.stdout, done.stdout[-3000:]
+    assert passed is not None and int(passed.group(1)) == 8 - len(failed) - 1, done.stdout[-3000:]
+    for relative in ("7.67e-02", "6.91e-01"):  # token-mean at 2 and 4 micro-batches
+        assert f"relative {relative} > 1e-05" in done.stdout, done.stdout[-3000:]
+
+
+CHECK = """
+import json
+import torch
+from ppo_ref.adapters.step import example_batch, treated_as_truncated
+from ppo_ref.adapters.thirdparty.rlinf_step import RlinfStep
+batch = example_batch(budget=6, prompt_length=9)
+runner = RlinfStep()
+out = {}
+runs = {"plain": {}, "x4": {"micro_batches": 4}, "pad9": {"pad_to": 9}, "pad10": {"pad_to": 10}}
+for key, kwargs in runs.items():
+    stats = runner.run(batch, loss_mode="token-mean", **kwargs).stats
+    out[key] = [stats["micro_batches_run"], stats["columns"], stats["max_abs_log_ratio"]]
+plain = runner.run(batch, loss_mode="token-mean")
+out["plain_mask_rows"] = plain.outputs["loss_mask"].sum(dim=1).tolist()
+out["plain_rows"] = list(treated_as_truncated(batch, plain.outputs))
+errors = []
+for kwargs in ({"loss_mode": "token-sum"}, {"loss_mode": "token-mean", "micro_batches": 3},
+               {"loss_mode": "token-mean", "pad_fill": 1}):
+    try:
+        runner.run(batch, **kwargs)
+    except ValueError as error:
+        errors.append(str(error).split(":")[0])
+out["errors"] = errors
+# the formula, computed independently on the same model (fp32, eager attention): each micro-batch of
+# m rows aggregated on its own, the micro-batches averaged
+from transformers import AutoModelForCausalLM
+path = runner._model_path(batch.vocab_size)
+model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
+scores = torch.tensor(batch.scores).view(-1, batch.group_size)
+adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)).flatten()
+out["advantages"] = float((plain.outputs["advantages"][:, 0] - adv.double()).abs().max())
+for mode in ("token-mean", "seq-mean-token-mean"):
+    for micro in (1, 4):
+        theirs = runner.run(batch, loss_mode=mode, micro_batches=micro)
+        model.zero_grad()
+        size = batch.size // micro
+        loss, value = 0.0, 0.0  # value: the surrogate at ratio 1
+        for start in range(0, batch.size, size):
+            rows = range(start, start + size)
+            tokens = sum(len(batch.completions[i]) for i in rows)
+            for i in rows:
+                c = batch.completions[i]
+                ids = torch.tensor([list(batch.prompt_ids[i // batch.group_size]) + list(c)])
+                logits = model(ids).logits[0, len(batch.prompt_ids[0]) - 1 : -1]
+                logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c).view(-1, 1)).squeeze(-1)
+                terms = adv[i] * logp
+                share = terms.sum() / tokens if mode == "token-mean" else terms.mean() / size
+                weight = len(c) / tokens if mode == "token-mean" else 1 / size
+                loss, value = loss - share / micro, value - float(adv[i]) * weight / micro
+        loss.backward()
+        named = model.named_parameters()
+        diff = max(float((p.grad.double() - theirs.gradient[n]).abs().max()) for n, p in named)
+        scale = max(float(g.abs().max()) for g in theirs.gradient.values())
+        out[f"independent_{mode}_x{micro}"] = [diff / scale, abs(value - theirs.loss)]
+print("RESULT" + json.dumps(out))
+"""
+
+
+@functools.lru_cache(maxsize=1)
+def _checked() -> dict[str, Any]:
+    """CHECK's measurements (one RLinf process for the tests below)."""
+    done = subprocess.run(
+        [str(_python()), "-c", CHECK], cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=600
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(line[len("RESULT") :])
+    return result
+
+
+def test_rlinf_step_gradient_is_the_formula_on_the_same_model() -> None:
+    """RLinf's step-0 gradient is, per micro-batch of m rows, ``-(1/N_k) sum A_t grad logp_t``
+    (token-mean) or ``-(1/m) sum_i mean_t A_i grad logp_t`` (seq-mean-token-mean), averaged over the
+    micro-batches, with GRPO advantages (group mean, unbiased std + 1e-6), computed here independently
+    on the same model, in one micro-batch and in four; the loss is the surrogate's value at ratio 1."""
+    result = _checked()
+    assert result["advantages"] < 1e-6, result
+    for mode in ("token-mean", "seq-mean-token-mean"):
+        for micro in (1, 4):
+            relative, loss = result[f"independent_{mode}_x{micro}"]
+            assert relative < 1e-5 and loss < 1e-5, (mode, micro, result)
+    assert result["errors"] == ["loss_mode", "micro_batches", "pad_fill"], result
+
+
+def test_rlinf_layout_and_truncation() -> None:
+    """The runs go through the split and the widths asked for (6 completion columns natively, 9 with
+    ``pad_to`` 9, 10 with 10), the ratio is 1 before the update, the loss mask covers each completion,
+    and no row is treated as truncated (why STEP-5 is not provided: rows 2 and 7, cut at the budget, too)."""
+    result = _checked()
+    assert result["plain"] == [1.0, 6.0, 0.0] and result["x4"] == [4.0, 6.0, 0.0], result
+    assert result["pad9"][:2] == [1.0, 9.0] and result["pad10"][:2] == [1.0, 10.0], result
+    assert result["plain_mask_rows"] == [6, 2, 6, 4, 1, 4, 5, 6], result
+    assert result["plain_rows"] == [False] * 8, result

@@ -158,6 +158,11 @@ TESTED: dict[str, tuple[str, str, str]] = {
         "as typed",
         "in .envs/swift (thirdparty)",
     ),
+    ".envs/rlinf/bin/python -m pytest conformance/test_step_tier.py --impl=rlinf -p no:cacheprovider": (
+        "tests/test_step_rlinf.py::test_step_tier_verdicts_of_rlinf",
+        "as typed",
+        "in .envs/rlinf (thirdparty)",
+    ),
     "python -m pytest test_my_losses.py": (
         "tests/test_check_op.py::test_check_op_in_a_users_pytest_run",
         "as typed",

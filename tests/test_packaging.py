@@ -126,7 +126,7 @@ def test_the_spec_has_a_version_and_the_changelog_describes_it() -> None:
     changelog = (SPEC_PATH.parent / "CHANGELOG.md").read_text(encoding="utf-8")
     versions = [line.split()[1] for line in changelog.splitlines() if line.startswith("## ")]
     assert versions[0] == SPEC_VERSION, "the newest changelog entry is not the spec's version"
-    assert versions == ["1.5.0", "1.4.0", "1.3.0", "1.2.0", "1.1.0", "1.0.0"]
+    assert versions == ["1.6.0", "1.5.0", "1.4.0", "1.3.0", "1.2.0", "1.1.0", "1.0.0"]
     # 1.0.0 had 33 clauses; 1.1.0 added the PPO-family prefixes, and nothing else.
     clauses = list(spec_clauses())
     family = ("GRP-", "AGG-", "CLIP-", "GSPO-", "CISPO-", "KLL-", "IS-", "RPP-")
@@ -150,6 +150,9 @@ def test_the_spec_has_a_version_and_the_changelog_describes_it() -> None:
     # 1.5.0 let GSPO-3 and STEP-5 accept a declared convention (issue 23).
     conventions = changelog.split("## 1.5.0", 1)[1].split("## 1.4.0", 1)[0]
     assert "gspo_clipfrac" in conventions and "truncation_convention" in conventions
+    # 1.6.0 let STEP-5 be not provided for a library without truncation handling (issue 28).
+    not_provided = changelog.split("## 1.6.0", 1)[1].split("## 1.5.0", 1)[0]
+    assert "truncation_not_provided" in not_provided
 
 
 def test_spec_version_rejects_a_spec_without_a_version_line(tmp_path: Path) -> None:

@@ -78,6 +78,10 @@ class OpCheck:
     report: ConformanceReport
     conventions: Mapping[str, object]
     """The conventions declared for the op (``check_op``'s argument)."""
+    module: str
+    """The checked function's ``__module__`` (``?`` when it has none)."""
+    qualname: str
+    """The checked function's ``__qualname__`` (its type's name when it has none)."""
 
     @property
     def passed(self) -> bool:
@@ -110,10 +114,8 @@ class OpCheck:
     def _reproduction(self, code: str) -> str:
         """``code`` with the wrapper built by :func:`one_op_adapter` from the checked function's import
         path where it has one (a module-level function of an importable module)."""
-        adapter = self.report.data["implementation"]
-        target = adapter["provenance"].split(": ", 1)[-1].split(" (wrapped")[0]
-        module, _, qualname = target.rpartition(".")
-        importable = module not in ("", "?", "__main__") and "<" not in target and "." not in qualname
+        module, qualname, target = self.module, self.qualname, f"{self.module}.{self.qualname}"
+        importable = module not in ("?", "__main__") and "<" not in qualname and "." not in qualname
         build = f"one_op_adapter({self.op!r}, {qualname}, conventions={dict(self.conventions)!r})"
         lines = []
         for line in code.splitlines():
@@ -135,9 +137,13 @@ class OpConformanceError(AssertionError):
         self.check = check
 
 
+def _names(fn: Callable[..., Any]) -> tuple[str, str]:
+    """``fn``'s module and qualified name (``?`` and its type's name where it has none)."""
+    return getattr(fn, "__module__", None) or "?", getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
 def _qualified_name(fn: Callable[..., Any]) -> str:
-    module = getattr(fn, "__module__", None) or "?"
-    return f"{module}.{getattr(fn, '__qualname__', None) or type(fn).__name__}"
+    return ".".join(_names(fn))
 
 
 def one_op_adapter(
@@ -194,10 +200,9 @@ def check_op(
     """
     if not isinstance(raise_on_failure, bool):
         raise ValueError(f"raise_on_failure: expected a bool, got {raise_on_failure!r}")
+    # checked here, not only by run_conformance: "-q" is prepended below, which would split a str
     if isinstance(pytest_args, str) or not all(isinstance(a, str) for a in pytest_args):
         raise ValueError(f"pytest_args: expected a sequence of strings, got {pytest_args!r}")
-    if examples is not None and (isinstance(examples, bool) or not isinstance(examples, int) or examples < 1):
-        raise ValueError(f"examples: expected a positive integer or None, got {examples!r}")
 
     adapter = one_op_adapter(op, fn, conventions=conventions, name=name)
     key = f"adapter_{id(adapter):x}"
@@ -223,7 +228,8 @@ def check_op(
         settings.load_profile(profile)
     own = set(OPS[op].clauses)
     kept = tuple(c for c in full.clauses if c.id == "CONTRACT" or c.id in own or c.verdict not in _UNCHECKED)
-    check = OpCheck(op=op, clauses=kept, report=full, conventions=dict(adapter.conventions))
+    module, qualname = _names(fn)
+    check = OpCheck(op, kept, full, dict(adapter.conventions), module, qualname)
     if raise_on_failure and not check.passed:
         raise OpConformanceError(check)
     return check

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -35,7 +34,7 @@ from typing import Any
 
 import pytest
 
-from tests.thirdparty_env import thirdparty_python
+from tests.thirdparty_env import STEP_ENVIRONMENT, run_step_tier, thirdparty_python
 
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED_FAILURES = {
@@ -45,9 +44,7 @@ EXPECTED_FAILURES = {
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
 
-ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-# the checkout's plugin (conformance.plugin), not the one an editable install of another checkout names
-PLUGIN = ["-p", "no:ppo_ref_conformance", "-p", "conformance.plugin"]
+ENVIRONMENT = STEP_ENVIRONMENT
 
 
 def _python() -> Path:
@@ -55,15 +52,10 @@ def _python() -> Path:
 
 
 def test_step_tier_verdicts_of_rlinf() -> None:
-    command = [str(_python()), "-m", "pytest", "conformance/test_step_tier.py", "--impl=rlinf", *PLUGIN]
-    command += ["-q", "-p", "no:cacheprovider", "-rfEs", "--tb=short"]
     wide = {**ENVIRONMENT, "COLUMNS": "2000"}  # the skip reason in full in the short summary
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=wide, timeout=900)
-    failed = set(re.findall(r"^FAILED conformance/test_step_tier.py::(\S+)", done.stdout, re.MULTILINE))
-    passed = re.search(r"(\d+) passed", done.stdout)
-    skipped = re.search(r"(\d+) skipped", done.stdout)
-    assert failed == EXPECTED_FAILURES, done.stdout[-3000:]
-    assert skipped is not None and int(skipped.group(1)) == 1, done.stdout[-3000:]
+    done = run_step_tier("rlinf", "-rfEs", environ=wide)
+    assert done.failed == EXPECTED_FAILURES, done.stdout[-3000:]
+    assert done.skipped == 1, done.stdout[-3000:]
     assert re.search(
         r"^SKIPPED .*test_step_tier.py:\d+: not provided: rlinf has no truncation handling of its own: "
         r"RLinf 0\.3\.0's reasoning path has no truncation handling",
@@ -71,7 +63,7 @@ def test_step_tier_verdicts_of_rlinf() -> None:
         re.MULTILINE,
     ), done.stdout[-3000:]
     assert "rlinf/utils/distributed.py:67,199" in done.stdout, done.stdout[-3000:]
-    assert passed is not None and int(passed.group(1)) == 8 - len(failed) - 1, done.stdout[-3000:]
+    assert done.passed == 8 - len(done.failed) - 1, done.stdout[-3000:]
     for relative in ("7.67e-02", "6.91e-01"):  # token-mean at 2 and 4 micro-batches
         assert f"relative {relative} > 1e-05" in done.stdout, done.stdout[-3000:]
 

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.thirdparty_env import thirdparty_python
+from tests.thirdparty_env import STEP_ENVIRONMENT, run_step_tier, thirdparty_python
 
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED_FAILURES = {
@@ -34,9 +32,7 @@ EXPECTED_FAILURES = {
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
 
-ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-# the checkout's plugin (conformance.plugin), not the one an editable install of another checkout names
-PLUGIN = ["-p", "no:ppo_ref_conformance", "-p", "conformance.plugin"]
+ENVIRONMENT = STEP_ENVIRONMENT
 
 
 def _python() -> Path:
@@ -44,13 +40,9 @@ def _python() -> Path:
 
 
 def test_step_tier_verdicts_of_swift() -> None:
-    command = [str(_python()), "-m", "pytest", "conformance/test_step_tier.py", "--impl=swift", *PLUGIN]
-    command += ["-q", "-p", "no:cacheprovider", "-rfE", "--tb=short"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=900)
-    failed = set(re.findall(r"^FAILED conformance/test_step_tier.py::(\S+)", done.stdout, re.MULTILINE))
-    passed = re.search(r"(\d+) passed", done.stdout)
-    assert failed == EXPECTED_FAILURES, done.stdout[-3000:]
-    assert passed is not None and int(passed.group(1)) == 8 - len(failed), done.stdout[-3000:]
+    done = run_step_tier("swift", "-rfE")
+    assert done.failed == EXPECTED_FAILURES, done.stdout[-3000:]
+    assert done.passed == 8 - len(done.failed), done.stdout[-3000:]
 
 
 CHECK = """

@@ -10,12 +10,18 @@ Two layers: :func:`thirdparty_python` (the helper the tests call) and :func:`pyt
 (imported by ``tests/conftest.py`` and ``bench/conftest.py``), which turns into a failure any skip of a
 ``thirdparty``-marked test whose reason names ``.envs/``, for a test that skips on its own
 (``pytest.mark.skipif`` or its own ``pytest.skip``). ``tests/test_thirdparty_env.py`` tests both.
+
+:func:`run_step_tier` runs the trainer-step tier against a built-in step runner in its environment and
+parses the verdicts (the step-tier tests of OpenRLHF, ms-swift and RLinf call it).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 from collections.abc import Generator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -87,3 +93,39 @@ def pytest_runtest_makereport(
             report.outcome = "failed"
             report.longrepr = message
     return report
+
+
+STEP_ENVIRONMENT: Mapping[str, str] = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+"""The environment the step-tier tests run a library's interpreter in: offline, one thread."""
+STEP_PLUGIN = ("-p", "no:ppo_ref_conformance", "-p", "conformance.plugin")
+"""The checkout's plugin (``conformance.plugin``), not the one an editable install of another
+checkout names."""
+
+
+@dataclass(frozen=True)
+class StepTierRun:
+    """What ``conformance/test_step_tier.py --impl=NAME`` printed, parsed."""
+
+    failed: frozenset[str]
+    """The failing tests' names (``test_step2_...[2]``)."""
+    passed: int | None
+    skipped: int | None
+    stdout: str
+
+
+def run_step_tier(name: str, *options: str, environ: Mapping[str, str] = STEP_ENVIRONMENT) -> StepTierRun:
+    """The step tier against the built-in runner ``name`` in ``.envs/NAME`` (skips or fails where it is
+    missing, as :func:`thirdparty_python`), ``-q -p no:cacheprovider --tb=short`` and ``options``."""
+    command = [
+        str(thirdparty_python(name)),
+        "-m",
+        "pytest",
+        "conformance/test_step_tier.py",
+        f"--impl={name}",
+    ]
+    command += [*STEP_PLUGIN, "-q", "-p", "no:cacheprovider", "--tb=short", *options]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=dict(environ), timeout=900)
+    failed = re.findall(r"^FAILED conformance/test_step_tier.py::(\S+)", done.stdout, re.MULTILINE)
+    counts = {word: re.search(rf"(\d+) {word}", done.stdout) for word in ("passed", "skipped")}
+    passed, skipped = (int(m.group(1)) if m else None for m in counts.values())
+    return StepTierRun(frozenset(failed), passed, skipped, done.stdout)

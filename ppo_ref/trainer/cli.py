@@ -397,6 +397,10 @@ def _train(args: argparse.Namespace) -> int:
     ) as error:
         print(f"ppo-ref train: error: {error}", file=sys.stderr)
         return 1
+    finally:
+        # destroys the process group of a launched run (a no-op in one process): left to the
+        # interpreter's exit, gloo's worker threads can abort the process (pytorch#190489)
+        trainer.accelerator.end_training()
     if trainer.parallel.is_main:
         _print_summary(summary)
     return 130 if summary.get("interrupted") else 0

@@ -66,4 +66,4 @@ def run(out: Path, accelerator: Accelerator | None = None) -> PPOTrainer:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    run(Path(sys.argv[1]), Accelerator(cpu=True, mixed_precision="no"))
+    run(Path(sys.argv[1]), Accelerator(cpu=True, mixed_precision="no")).accelerator.end_training()

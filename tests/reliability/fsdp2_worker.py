@@ -136,6 +136,7 @@ def main(out: Path, checkpoint: Path | None) -> None:
         report["generation"] = generation_check(trainer, counters)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"fsdp2-rank{trainer.parallel.rank}.json").write_text(json.dumps(report, indent=1))
+    trainer.accelerator.end_training()  # the process group destroyed before exit (pytorch#190489)
 
 
 if __name__ == "__main__":

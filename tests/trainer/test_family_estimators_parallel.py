@@ -96,6 +96,6 @@ if __name__ == "__main__":
     from accelerate import Accelerator
 
     torch.set_num_threads(1)
-    PPOTrainer(
-        worker_config(Path(sys.argv[1])), worker_setup(), Accelerator(cpu=True, mixed_precision="no")
-    ).train()
+    accelerator = Accelerator(cpu=True, mixed_precision="no")
+    PPOTrainer(worker_config(Path(sys.argv[1])), worker_setup(), accelerator).train()
+    accelerator.end_training()  # the process group destroyed before exit (pytorch#190489)

@@ -223,6 +223,7 @@ def _worker(out: Path) -> None:
         state, _ = trained(trainer, trainer.collect_rollout(0))
         unique = {k: v.contiguous() for k, v in state.items() if k != "policy.lm_head.weight"}
         save_file(unique, str(out / f"{name}-rank{accelerator.process_index}.safetensors"))
+    accelerator.end_training()  # the process group destroyed before exit (pytorch#190489)
 
 
 if __name__ == "__main__":

@@ -114,6 +114,22 @@ class Suggestion:
         return declaration(self.key, self.value)
 
 
+_REFUSES_FLOAT64 = "the op raises on float64 inputs and returns on the same inputs in float32"
+
+
+def _refusal_told(suggestion: Suggestion) -> Suggestion:
+    """``suggestion`` as found by the re-run just made: a ``compute_dtype`` under which the op was
+    given float32 inputs because it refused float64 ones says so (float64 is then an input the
+    library's pipeline never makes, not a rounding difference)."""
+    if suggestion.key != "compute_dtype" or not support.refused_float64():
+        return suggestion
+    why = (
+        f"{_REFUSES_FLOAT64}; if the library's pipeline gives it float32, declare it (the suite then gives "
+        "it float32 where it refuses float64, and compares at the float32 tolerance)"
+    )
+    return replace(suggestion, why=why)
+
+
 @dataclass(frozen=True)
 class _Setting:
     """How one re-run is made: the conventions, and the inputs drawn."""
@@ -351,7 +367,7 @@ class Inference:
             )
             conventions = replace(declared, constant_groups="rounding")
             tries.append((Suggestion("constant_groups", "rounding", why), self._plain(conventions)))
-        found = [suggestion for suggestion, setting in tries if self._run(item, setting, None) is None]
+        found = [_refusal_told(s) for s, setting in tries if self._run(item, setting, None) is None]
         if found or set(ops) <= declared.float32_ops:
             return found
         return self._with_float32(item, ops)
@@ -370,6 +386,8 @@ class Inference:
                 continue
             other = " ".join(d.rstrip(",") for d in alternative.declarations())
             tail = "float32 rounding plus a convention; declare both if the library computes in float32"
+            if support.refused_float64():
+                tail = f"{_REFUSES_FLOAT64}, plus a convention; declare both if its pipeline gives it float32"
             return [
                 Suggestion("compute_dtype", dtypes, f"passes only together with {other}: {tail}"),
                 *(

@@ -9,7 +9,8 @@ Three declared conventions change how results are compared rather than what they
 
 - ``compute_dtype`` (precision): a test that calls an op declared computed in float32 compares its
   float64 results at :data:`FLOAT32_COMPUTE_TOLERANCE` instead of the float64 tolerance
-  (:func:`tolerance`; hand cases: :func:`precision_case`).
+  (:func:`tolerance`; hand cases: :func:`precision_case`); where such an op raises on float64
+  inputs, it is called again on them cast to float32, the inputs its pipeline gives it.
 - ``off_mask_outputs`` unspecified: the suite sees the adapter through :class:`ComparedAdapter`,
   which sets the op's per-token outputs to 0 off the mask, so they are compared on the action
   tokens only (gradients too).
@@ -64,6 +65,7 @@ __all__ = [
     "grad_of",
     "note_repro",
     "precision_case",
+    "refused_float64",
     "repro_code",
     "sign_lost",
     "statistic",
@@ -90,6 +92,7 @@ amplifies rounding."""
 
 _FLOAT32_OPS: set[str] = set()
 _CALLED: set[str] = set()
+_REFUSED_FLOAT64: set[str] = set()
 
 
 def configure_precision(float32_ops: frozenset[str]) -> None:
@@ -126,6 +129,13 @@ def rerunning() -> bool:
 def begin_test() -> None:
     """Forget the ops called by the previous test (called before each test by the hooks)."""
     _CALLED.clear()
+    _REFUSED_FLOAT64.clear()
+
+
+def refused_float64() -> frozenset[str]:
+    """The ops declared computed in float32 that raised on float64 inputs in the current test and
+    returned when given them in float32 (:class:`ComparedAdapter`)."""
+    return frozenset(_REFUSED_FLOAT64)
 
 
 def _mark_called(op: str) -> None:
@@ -337,6 +347,50 @@ def _bound(op: str, args: tuple[object, ...], kwargs: Mapping[str, object]) -> d
     return dict(bound.arguments)
 
 
+def _has_float64(value: object) -> bool:
+    if isinstance(value, Tensor):
+        return value.dtype == torch.float64
+    if isinstance(value, (tuple, list)):
+        return any(_has_float64(item) for item in value)
+    return False
+
+
+def _as_float32(value: object) -> object:
+    """``value`` with its float64 tensors cast to float32 (differentiably: gradients reach the
+    float64 leaves), through tuples and lists."""
+    if isinstance(value, Tensor):
+        return value.to(torch.float32) if value.dtype == torch.float64 else value
+    if isinstance(value, (tuple, list)):
+        return type(value)(_as_float32(item) for item in value)
+    return value
+
+
+def _float32_when_float64_refused(op: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` (an op declared computed in float32) called again with its float64 tensors cast
+    to float32 when it raises on them: a library whose pipeline gives the op float32 may refuse
+    float64 (ms-swift's ``compute_advantages_dynamic`` allocates its group means in float32 and
+    index-puts the scores into them). A call without float64 tensors, or one that raises again, raises
+    the first exception."""
+
+    def called(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return function(*args, **kwargs)
+        except Exception as refused:
+            if not _has_float64(args) and not _has_float64(list(kwargs.values())):
+                raise
+            cast_args, cast_kwargs = _as_float32(args), {k: _as_float32(v) for k, v in kwargs.items()}
+            try:
+                result = function(*cast_args, **cast_kwargs)  # type: ignore[misc]
+            except Exception:
+                raise refused from None
+            _REFUSED_FLOAT64.add(op)
+            return result
+
+    called.__name__ = op
+    called.__doc__ = f"{op}, given float32 inputs where it refuses float64 ones"
+    return called
+
+
 def _on_mask(value: object, keep: Tensor) -> object:
     if isinstance(value, Tensor) and value.shape == keep.shape:
         return torch.where(keep, value, torch.zeros((), dtype=value.dtype))
@@ -348,7 +402,8 @@ def _on_mask(value: object, keep: Tensor) -> object:
 class ComparedAdapter:
     """The adapter as the suite compares it: every attribute is the adapter's, except that an op the
     adapter declares computed in float32 (``compute_dtype``) marks the current test for the float32
-    tolerance when it is looked up, and an op whose off-mask outputs are declared unspecified
+    tolerance when it is looked up and is given float32 inputs where it raises on float64 ones
+    (:func:`refused_float64`), and an op whose off-mask outputs are declared unspecified
     (``off_mask_outputs``) returns its per-token outputs set to 0 off the mask (0 is what the
     reference returns there), so they are compared on the action tokens only. Where ``token_rewards``
     puts the score after the last action token (``score_placement``), and where GAE trains the
@@ -370,6 +425,7 @@ class ComparedAdapter:
             return value
         if name in self._conventions.float32_ops:
             _mark_called(name)
+            value = _float32_when_float64_refused(name, value)
         if name not in self._conventions.off_mask_outputs:
             return value
         return self._compared(name, value)

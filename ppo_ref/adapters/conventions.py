@@ -723,9 +723,11 @@ CONVENTIONS: Mapping[str, Convention] = MappingProxyType(
                 "the precision the library computes in: 'float64' computes float64 inputs in float64 "
                 "(the reference); 'float32' (for every op, or the ops named) casts to float32, so "
                 "float64 examples of those ops are compared at the float32 tolerance "
-                "(conformance.support.FLOAT32_COMPUTE_TOLERANCE) instead of 1e-7",
+                "(conformance.support.FLOAT32_COMPUTE_TOLERANCE) instead of 1e-7, and where such an "
+                "op raises on float64 inputs it is given them cast to float32",
                 "OpenRLHF compute_approx_kl (kl_penalty: .float() before the estimate); any library "
-                "that casts log-probs to float32 before the loss",
+                "that casts log-probs to float32 before the loss; ms-swift compute_advantages_dynamic "
+                "(refuses float64 scores)",
                 _compute_dtype,
                 _compute_dtype_clauses,
             ),

@@ -12,17 +12,16 @@ failed instead under ``PPO_REF_REQUIRE_ENVS=1`` (CI; ``tests/thirdparty_env.py``
 from __future__ import annotations
 
 import json
-import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.thirdparty_env import thirdparty_python
+from tests.thirdparty_env import STEP_ENVIRONMENT, run_step_tier, thirdparty_python
 
 REPO = Path(__file__).resolve().parents[1]
 ADAPTER = "ppo_ref.adapters.thirdparty.trl_step:make_adapter"
+TRL_ENVIRONMENT = {**STEP_ENVIRONMENT, "TRL_EXPERIMENTAL_SILENCE": "1"}
 EXPECTED_FAILURES = {
     "trl116": {"test_step1_ratio_is_one_before_any_update", "test_step3_extra_prompt_padding"},
     "trl": {
@@ -38,20 +37,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty
 
 @pytest.mark.parametrize("env", sorted(EXPECTED_FAILURES))
 def test_step_tier_verdicts_of_trl(env: str) -> None:
-    python = thirdparty_python(env)  # skips where .envs/ENV is missing; fails under PPO_REF_REQUIRE_ENVS=1
-    command = [str(python), "-m", "pytest", "conformance/test_step_tier.py", f"--impl={ADAPTER}"]
-    command += ["-q", "-p", "no:cacheprovider", "-rfE", "--tb=no"]
-    environment = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRL_EXPERIMENTAL_SILENCE": "1",
-        "OMP_NUM_THREADS": "1",
-    }
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=environment, timeout=900)
-    failed = set(re.findall(r"^FAILED conformance/test_step_tier.py::(\S+)", done.stdout, re.MULTILINE))
-    passed = re.search(r"(\d+) passed", done.stdout)
-    assert failed == EXPECTED_FAILURES[env], done.stdout[-3000:]
-    assert passed is not None and int(passed.group(1)) == 8 - len(failed), done.stdout[-3000:]
+    done = run_step_tier(env, "-rfE", "--tb=no", impl=ADAPTER, environ=TRL_ENVIRONMENT)
+    assert done.failed == EXPECTED_FAILURES[env], done.stdout[-3000:]
+    assert done.passed == 8 - len(done.failed), done.stdout[-3000:]
 
 
 CROSS_CHECK = """
@@ -79,18 +67,12 @@ def test_trl_grpo_gradients_equal_ppo_refs_on_the_same_model() -> None:
     seq-mean-token-sum gradients within 5e-4 relative (TRL's group std has eps 1e-4, ppo-ref's 1e-6:
     about 1.2e-4 measured); TRL's cispo gradient is 0.2 of ppo-ref's (trl116-cispo-epsilon)."""
     python = thirdparty_python("trl116")
-    environment = {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRL_EXPERIMENTAL_SILENCE": "1",
-        "OMP_NUM_THREADS": "1",
-    }
     done = subprocess.run(
         [str(python), "-c", CROSS_CHECK],
         cwd=REPO,
         capture_output=True,
         text=True,
-        env=environment,
+        env=TRL_ENVIRONMENT,
         timeout=600,
     )
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)

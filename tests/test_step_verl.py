@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.thirdparty_env import thirdparty_python
+from tests.thirdparty_env import STEP_ENVIRONMENT, run_step_tier, thirdparty_python
 
 REPO = Path(__file__).resolve().parents[1]
 EXPECTED_FAILURES = {
@@ -33,7 +32,7 @@ EXPECTED_FAILURES = {
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
 
-ENVIRONMENT = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+ENVIRONMENT = STEP_ENVIRONMENT
 
 
 def _python() -> Path:
@@ -41,13 +40,9 @@ def _python() -> Path:
 
 
 def test_step_tier_verdicts_of_verl() -> None:
-    command = [str(_python()), "-m", "pytest", "conformance/test_step_tier.py", "--impl=verl"]
-    command += ["-q", "-p", "no:cacheprovider", "-rfE", "--tb=short"]
-    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=900)
-    failed = set(re.findall(r"^FAILED conformance/test_step_tier.py::(\S+)", done.stdout, re.MULTILINE))
-    passed = re.search(r"(\d+) passed", done.stdout)
-    assert failed == EXPECTED_FAILURES, done.stdout[-3000:]
-    assert passed is not None and int(passed.group(1)) == 8 - len(failed), done.stdout[-3000:]
+    done = run_step_tier("verl", "-rfE")
+    assert done.failed == EXPECTED_FAILURES, done.stdout[-3000:]
+    assert done.passed == 8 - len(done.failed), done.stdout[-3000:]
     # STEP-3 fails for the width-normalised mode only, and by the width ratio (6 -> 9 columns: 1/3)
     step3 = re.findall(
         r"^E\s+AssertionError: (\S+): completions padded to 9 .*relative (\S+) >", done.stdout, re.M

@@ -12,7 +12,8 @@ Two layers: :func:`thirdparty_python` (the helper the tests call) and :func:`pyt
 (``pytest.mark.skipif`` or its own ``pytest.skip``). ``tests/test_thirdparty_env.py`` tests both.
 
 :func:`run_step_tier` runs the trainer-step tier against a built-in step runner in its environment and
-parses the verdicts (the step-tier tests of OpenRLHF, ms-swift and RLinf call it).
+parses the verdicts (the step-tier tests of TRL 1.12 and 1.16, verl, OpenRLHF, ms-swift and RLinf call
+it).
 """
 
 from __future__ import annotations
@@ -113,15 +114,18 @@ class StepTierRun:
     stdout: str
 
 
-def run_step_tier(name: str, *options: str, environ: Mapping[str, str] = STEP_ENVIRONMENT) -> StepTierRun:
-    """The step tier against the built-in runner ``name`` in ``.envs/NAME`` (skips or fails where it is
-    missing, as :func:`thirdparty_python`), ``-q -p no:cacheprovider --tb=short`` and ``options``."""
+def run_step_tier(
+    name: str, *options: str, impl: str | None = None, environ: Mapping[str, str] = STEP_ENVIRONMENT
+) -> StepTierRun:
+    """The step tier against ``impl`` (default: the built-in runner ``name``) in ``.envs/NAME`` (skips
+    or fails where it is missing, as :func:`thirdparty_python`), ``-q -p no:cacheprovider --tb=short``
+    and ``options`` (a later ``--tb`` wins)."""
     command = [
         str(thirdparty_python(name)),
         "-m",
         "pytest",
         "conformance/test_step_tier.py",
-        f"--impl={name}",
+        f"--impl={impl or name}",
     ]
     command += [*STEP_PLUGIN, "-q", "-p", "no:cacheprovider", "--tb=short", *options]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=dict(environ), timeout=900)

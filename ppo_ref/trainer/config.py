@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 from ppo_ref.aggregation import LossAggregation
-from ppo_ref.group import GROUP_METHODS, GroupMethod
 from ppo_ref.kl import KLEstimator
 from ppo_ref.kl_loss import KLLossEstimator
+from ppo_ref.trainer.estimators import ADVANTAGE_ESTIMATORS, AdvantageEstimatorName, PolicyLossName
 
 __all__ = [
     "CRITIC_FIELDS",
@@ -111,7 +111,7 @@ class TrainerConfig:
     """Discount factor."""
     lam: float = 0.95
     """GAE lambda."""
-    advantage_estimator: Literal["gae", GroupMethod, "reinforce++", "reinforce++-baseline"] = "gae"
+    advantage_estimator: AdvantageEstimatorName = "gae"
     """gae (with a critic), or critic-free (no value model is built): grpo, dr_grpo or rloo (one
     advantage per response from its group, on its return sum_t r_t, not whitened), reinforce++
     (discounted returns, whitened) or reinforce++-baseline (return minus the group's mean, whitened)."""
@@ -141,7 +141,7 @@ class TrainerConfig:
     # -- 7: the policy loss's family (checked together in _check_loss_fields) --------------------
     norm_constant: float | None = None
     """Divisor C of loss_agg = seq-mean-token-sum-norm (None = max_new_tokens); only with that mode."""
-    policy_loss: Literal["ppo", "gspo", "cispo"] = "ppo"
+    policy_loss: PolicyLossName = "ppo"
     """ppo (the clipped token ratio), gspo (the clipped sequence ratio; needs one advantage per
     sequence and the sequence mean as loss_agg) or cispo (a clipped, detached IS weight times the
     log prob)."""
@@ -407,14 +407,14 @@ class TrainerConfig:
         return self.rollout_batch_size // self.num_minibatches
 
 
-CRITIC_FREE_ESTIMATORS: tuple[str, ...] = (*GROUP_METHODS, "reinforce++", "reinforce++-baseline")
+CRITIC_FREE_ESTIMATORS = tuple(name for name, entry in ADVANTAGE_ESTIMATORS.items() if not entry.critic)
 """The advantage estimators without a critic: the trainer builds no value model for them."""
 
-SEQUENCE_LEVEL_ESTIMATORS: tuple[str, ...] = (*GROUP_METHODS, "reinforce++-baseline")
+SEQUENCE_LEVEL_ESTIMATORS = tuple(name for name, entry in ADVANTAGE_ESTIMATORS.items() if entry.per_sequence)
 """The advantage estimators that give one advantage per sequence (the same on each of its action
 tokens; whitening keeps that): the ones policy_loss = gspo accepts."""
 
-GROUP_ESTIMATORS: tuple[str, ...] = (*GROUP_METHODS, "reinforce++-baseline")
+GROUP_ESTIMATORS = tuple(name for name, entry in ADVANTAGE_ESTIMATORS.items() if entry.group_baseline)
 """The advantage estimators whose baseline is the group of responses to the same prompt (group_size >= 2)."""
 
 CRITIC_FIELDS: dict[str, tuple[str, ...]] = {

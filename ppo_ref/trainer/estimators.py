@@ -1,8 +1,11 @@
 """The trainer's estimator tables: stage 6's advantage estimators and stage 7's policy losses, by name.
 
-Adding an estimator or a loss adds an entry here; the loop (:mod:`ppo_ref.trainer.loop`) and the
-update (:mod:`ppo_ref.trainer.update`) look them up and never change. Each entry only calls
-ppo_ref's reference functions.
+Adding an estimator or a loss adds an entry to its table here, and its name to the ``Literal``
+beside the table (the config field's type, so the CLI's choices and mypy see it; a test checks the
+two agree). Nothing else changes: the loop (:mod:`ppo_ref.trainer.loop`) and the update
+(:mod:`ppo_ref.trainer.update`) look the entries up, and the config (:mod:`ppo_ref.trainer.config`)
+derives from the entries' properties which estimators build a critic, group by prompt or give one
+advantage per sequence. Each entry only calls ppo_ref's reference functions.
 
 - :data:`ADVANTAGE_ESTIMATORS`: ``name -> estimator(rollout, config) -> (raw_advantages, returns)``,
   (B, N) each, from the whole (gathered) rollout batch: its token rewards, values, mask, stop
@@ -20,14 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
 
 from ppo_ref import cispo_loss, gae, group_advantages, gspo_loss, policy_loss
+from ppo_ref.aggregation import LossAggregation
+from ppo_ref.group import GROUP_METHODS, GroupMethod
 from ppo_ref.losses import PolicyLossResult
-from ppo_ref.trainer.config import TrainerConfig
 from ppo_ref.trainer.data import Rollout
 from ppo_ref.variants import CISPOLossResult, GSPOLossResult
 
@@ -35,8 +39,11 @@ __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "POLICY_LOSSES",
     "AdvantageEstimator",
+    "AdvantageEstimatorName",
     "AdvantageFunction",
+    "EstimatorSettings",
     "PolicyLoss",
+    "PolicyLossName",
     "WholeMinibatch",
     "advantage_estimator",
     "cispo_trainer_loss",
@@ -51,19 +58,69 @@ __all__ = [
     "trainer_policy_loss",
 ]
 
-AdvantageFunction = Callable[[Rollout, TrainerConfig], tuple[Tensor, Tensor]]
+
+class EstimatorSettings(Protocol):
+    """The run settings the estimators and losses here read: :class:`ppo_ref.trainer.config.TrainerConfig`
+    has them all. Stated as a protocol, not by importing the config, because the config derives its
+    checks from the tables below: this module depends on what it reads, the config on this module
+    (no import circle, ``tests/test_import_graph.py``)."""
+
+    @property
+    def advantage_estimator(self) -> str: ...
+    @property
+    def policy_loss(self) -> str: ...
+    @property
+    def gamma(self) -> float: ...
+    @property
+    def lam(self) -> float: ...
+    @property
+    def truncation(self) -> Literal["terminal", "bootstrap"]: ...
+    @property
+    def clip_eps(self) -> float: ...
+    @property
+    def clip_eps_high(self) -> float | None: ...
+    @property
+    def dual_clip(self) -> float | None: ...
+    @property
+    def loss_agg(self) -> LossAggregation: ...
+    @property
+    def loss_norm_constant(self) -> float | None: ...
+
+
+AdvantageFunction = Callable[[Rollout, EstimatorSettings], tuple[Tensor, Tensor]]
+
+AdvantageEstimatorName = Literal["gae", GroupMethod, "reinforce++", "reinforce++-baseline"]
+"""The names of :data:`ADVANTAGE_ESTIMATORS` (``config.advantage_estimator``'s type)."""
+
+PolicyLossName = Literal["ppo", "gspo", "cispo"]
+"""The names of :data:`POLICY_LOSSES` (``config.policy_loss``'s type)."""
 
 
 @dataclass(frozen=True)
 class AdvantageEstimator:
     """An entry of :data:`ADVANTAGE_ESTIMATORS`: ``compute(rollout, config) -> (raw_advantages,
-    returns)`` on the whole rollout batch, and whether stage 6 whitens the raw advantages over all
-    action tokens of the batch (``masked_whiten``). Calling the entry calls ``compute``."""
+    returns)`` on the whole rollout batch, and what the config checks and the loop need to know of
+    it. Calling the entry calls ``compute``.
+
+    Attributes:
+        compute: the estimator.
+        whiten: whether stage 6 whitens the raw advantages over all action tokens of the batch
+            (``masked_whiten``).
+        critic: whether it uses the critic's values (only then does the trainer build a value
+            model; the critic's fields are rejected otherwise, ``config.CRITIC_FIELDS``).
+        group_baseline: whether its baseline is the group of responses to the same prompt
+            (``group_size >= 2``; it uses no discount, so ``gamma`` is rejected).
+        per_sequence: whether it gives one advantage per sequence, the same on each of its action
+            tokens (whitening keeps that): the estimators ``policy_loss = gspo`` accepts.
+    """
 
     compute: AdvantageFunction
     whiten: bool
+    critic: bool = False
+    group_baseline: bool = False
+    per_sequence: bool = False
 
-    def __call__(self, rollout: Rollout, config: TrainerConfig) -> tuple[Tensor, Tensor]:
+    def __call__(self, rollout: Rollout, config: EstimatorSettings) -> tuple[Tensor, Tensor]:
         return self.compute(rollout, config)
 
 
@@ -105,10 +162,10 @@ class WholeMinibatch:
         return {"row_count": self.rows}
 
 
-PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, TrainerConfig, WholeMinibatch], PolicyLossResult]
+PolicyLoss = Callable[[Tensor, Tensor, Tensor, Tensor, EstimatorSettings, WholeMinibatch], PolicyLossResult]
 
 
-def gae_advantages(rollout: Rollout, config: TrainerConfig) -> tuple[Tensor, Tensor]:
+def gae_advantages(rollout: Rollout, config: EstimatorSettings) -> tuple[Tensor, Tensor]:
     """GAE with the critic's values: terminal, or bootstrapped from the critic for responses cut at
     max length (``truncation = "bootstrap"``). Rows are independent."""
     last_values = None
@@ -159,21 +216,21 @@ def group_relative_advantages(rollout: Rollout, method: str) -> tuple[Tensor, Te
     )
 
 
-def reinforce_pp_advantages(rollout: Rollout, config: TrainerConfig) -> tuple[Tensor, Tensor]:
+def reinforce_pp_advantages(rollout: Rollout, config: EstimatorSettings) -> tuple[Tensor, Tensor]:
     """REINFORCE++ (spec RPP-1): the discounted returns ``gae(rewards, 0, mask, gamma, lam=1)``
     over the token rewards (KL penalty included); stage 6 whitens them over the batch."""
     rewards = rollout.rewards
     return gae(rewards, torch.zeros_like(rewards), rollout.mask, config.gamma, 1.0)
 
 
-def reinforce_pp_baseline_advantages(rollout: Rollout, config: TrainerConfig) -> tuple[Tensor, Tensor]:
+def reinforce_pp_baseline_advantages(rollout: Rollout, config: EstimatorSettings) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline (spec RPP-2): each return minus its group's mean (``dr_grpo``),
     broadcast to the action tokens; stage 6 whitens them over the batch."""
     return group_relative_advantages(rollout, "dr_grpo")
 
 
 def _group_method(method: str) -> AdvantageFunction:
-    def estimate(rollout: Rollout, config: TrainerConfig) -> tuple[Tensor, Tensor]:
+    def estimate(rollout: Rollout, config: EstimatorSettings) -> tuple[Tensor, Tensor]:
         return group_relative_advantages(rollout, method)
 
     estimate.__name__ = estimate.__qualname__ = f"{method}_advantages"
@@ -186,7 +243,7 @@ def ppo_clip_loss(
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    config: TrainerConfig,
+    config: EstimatorSettings,
     whole: WholeMinibatch,
 ) -> PolicyLossResult:
     """``policy_loss``: PPO-Clip with ``clip_eps`` (and ``clip_eps_high``, ``dual_clip``), aggregated
@@ -231,7 +288,7 @@ def gspo_trainer_loss(
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    config: TrainerConfig,
+    config: EstimatorSettings,
     whole: WholeMinibatch,
 ) -> PolicyLossResult:
     """``gspo_loss`` on each row's advantage, the mean over the minibatch's sequences.
@@ -256,7 +313,7 @@ def cispo_trainer_loss(
     old_logprobs: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    config: TrainerConfig,
+    config: EstimatorSettings,
     whole: WholeMinibatch,
 ) -> PolicyLossResult:
     """``cispo_loss`` with the weight clipped to ``[1 - clip_eps, 1 + clip_eps_high]``
@@ -279,32 +336,36 @@ def cispo_trainer_loss(
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
-    "gae": AdvantageEstimator(gae_advantages, whiten=True),
-    "grpo": AdvantageEstimator(_group_method("grpo"), whiten=False),
-    "dr_grpo": AdvantageEstimator(_group_method("dr_grpo"), whiten=False),
-    "rloo": AdvantageEstimator(_group_method("rloo"), whiten=False),
+    "gae": AdvantageEstimator(gae_advantages, whiten=True, critic=True),
+    **{
+        name: AdvantageEstimator(_group_method(name), whiten=False, group_baseline=True, per_sequence=True)
+        for name in GROUP_METHODS
+    },
     "reinforce++": AdvantageEstimator(reinforce_pp_advantages, whiten=True),
-    "reinforce++-baseline": AdvantageEstimator(reinforce_pp_baseline_advantages, whiten=True),
+    "reinforce++-baseline": AdvantageEstimator(
+        reinforce_pp_baseline_advantages, whiten=True, group_baseline=True, per_sequence=True
+    ),
 }
-"""Stage 6: advantage estimator name (``config.advantage_estimator``) -> its entry. Which ones use
-a critic, and which group by prompt, is declared in :mod:`ppo_ref.trainer.config`
-(``CRITIC_FREE_ESTIMATORS``, ``GROUP_ESTIMATORS``), so a config is checked before anything is built."""
+"""Stage 6: advantage estimator name (``config.advantage_estimator``, :data:`AdvantageEstimatorName`)
+-> its entry. Every group method of the math layer (``ppo_ref.group.GROUP_METHODS``) is one. The
+config derives its checks from the entries' properties (``CRITIC_FREE_ESTIMATORS``,
+``GROUP_ESTIMATORS``, ``SEQUENCE_LEVEL_ESTIMATORS``), so a config is checked before anything is built."""
 
 POLICY_LOSSES: dict[str, PolicyLoss] = {
     "ppo": ppo_clip_loss,
     "gspo": gspo_trainer_loss,
     "cispo": cispo_trainer_loss,
 }
-"""Stage 7: policy loss name (``config.policy_loss``) -> function of the new and old log-probs,
-advantages, mask, config and the whole minibatch's counts. Which estimators each accepts is
-checked in :mod:`ppo_ref.trainer.config` (gspo: ``SEQUENCE_LEVEL_ESTIMATORS``)."""
+"""Stage 7: policy loss name (``config.policy_loss``, :data:`PolicyLossName`) -> function of the
+new and old log-probs, advantages, mask, config and the whole minibatch's counts. Which estimators
+each accepts is checked in :mod:`ppo_ref.trainer.config` (gspo: ``SEQUENCE_LEVEL_ESTIMATORS``)."""
 
 
-def advantage_estimator(config: TrainerConfig) -> AdvantageEstimator:
+def advantage_estimator(config: EstimatorSettings) -> AdvantageEstimator:
     """The run's advantage estimator: ``ADVANTAGE_ESTIMATORS[config.advantage_estimator]``."""
     return ADVANTAGE_ESTIMATORS[config.advantage_estimator]
 
 
-def trainer_policy_loss(config: TrainerConfig) -> PolicyLoss:
+def trainer_policy_loss(config: EstimatorSettings) -> PolicyLoss:
     """The run's policy loss: ``POLICY_LOSSES[config.policy_loss]``."""
     return POLICY_LOSSES[config.policy_loss]

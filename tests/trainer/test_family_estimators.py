@@ -19,7 +19,12 @@ from tiny_task import PROMPTS, tiny_config, tiny_policy, tiny_setup, tiny_tokeni
 
 from ppo_ref import cli, gae, group_advantages, masked_whiten
 from ppo_ref.trainer import PPOTrainer, TrainerConfig
-from ppo_ref.trainer.config import CRITIC_FIELDS, CRITIC_FREE_ESTIMATORS, GROUP_ESTIMATORS
+from ppo_ref.trainer.config import (
+    CRITIC_FIELDS,
+    CRITIC_FREE_ESTIMATORS,
+    GROUP_ESTIMATORS,
+    SEQUENCE_LEVEL_ESTIMATORS,
+)
 from ppo_ref.trainer.data import Rollout, ScoredBatch
 from ppo_ref.trainer.estimators import ADVANTAGE_ESTIMATORS, group_ids, sequence_returns
 from ppo_ref.trainer.models import ActorCriticModule, ScalarHeadCritic
@@ -37,6 +42,10 @@ def test_the_table_the_config_and_the_flag_name_the_same_estimators() -> None:
         "dr_grpo",
         "rloo",
     }
+    # The config's sets are derived from the entries' properties (one table); stated by hand here.
+    assert GROUP_ESTIMATORS == ("grpo", "dr_grpo", "rloo", "reinforce++-baseline")
+    assert SEQUENCE_LEVEL_ESTIMATORS == GROUP_ESTIMATORS
+    assert CRITIC_FREE_ESTIMATORS == ("grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++-baseline")
     assert TrainerConfig().uses_critic and TrainerConfig().advantage_estimator == "gae"
     for name in CRITIC_FREE_ESTIMATORS:
         assert not TrainerConfig(advantage_estimator=name, group_size=2).uses_critic

@@ -264,7 +264,16 @@ class ActorCriticModule(nn.Module):
         if mode == "policy":
             return call_model(self.policy, **kwargs)
         if mode == "outputs":
-            return self.response_outputs(**kwargs)
+            # A wrapper's hooks go on the returned tensors (FSDP2 registers its pre-backward hook
+            # there and warns that an in-place op on a returned *view* would drop it): return each
+            # as a tensor of its own. A copy of (B, N) floats; the values are the same bits.
+            out = self.response_outputs(**kwargs)
+            return ResponseOutputs(
+                logprobs=_not_a_view(out.logprobs),
+                values=None if out.values is None else _not_a_view(out.values),
+                bootstrap_values=None if out.bootstrap_values is None else _not_a_view(out.bootstrap_values),
+                entropy=None if out.entropy is None else _not_a_view(out.entropy),
+            )
         raise ValueError(f"mode: expected 'policy' or 'outputs', got {mode!r}")
 
     def response_outputs(
@@ -306,6 +315,11 @@ class ActorCriticModule(nn.Module):
             bootstrap_values=None if all_values is None else all_values[:, -1],
             entropy=entropies,
         )
+
+
+def _not_a_view(tensor: Tensor) -> Tensor:
+    """``tensor`` itself, or a copy where it is a view of another tensor."""
+    return tensor.clone() if tensor._is_view() else tensor
 
 
 class PolicyCaller:

@@ -118,4 +118,8 @@ def launch(command: list[str], timeout: float = 300) -> None:
     process; fail with the tail of its output unless it exits 0."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.returncode == 0, (
+        f"exit code {done.returncode} (negative: killed by that signal)\n"
+        + done.stdout[-4000:]
+        + done.stderr[-4000:]
+    )

@@ -144,3 +144,36 @@ def test_bf16_autocast_keeps_the_ppo_math_in_float32(out_dir: Path) -> None:
     stats = trainer.update(rollout)
     assert stats.optimizer_steps == 4 and stats.logprob_check_max_abs_diff <= 0.25
     assert next(trainer.policy.parameters()).dtype == torch.float32  # weights stay float32
+
+
+@pytest.mark.parametrize("critic", ["separate", "head"])
+def test_the_wrapped_modules_outputs_are_not_views(critic: str) -> None:
+    """FSDP2 registers its pre-backward hook on the wrapped module's outputs and warns when one is a
+    view (an in-place op on it would drop the hook): ``mode="outputs"`` returns tensors of their own,
+    with the same values as :meth:`response_outputs`."""
+    from tiny_task import tiny_policy, tiny_tokenizer
+
+    from ppo_ref.trainer.models import ActorCriticModule, ScalarHeadCritic
+
+    policy = tiny_policy(tiny_tokenizer())
+    if critic == "separate":
+        module = ActorCriticModule(policy, critic=ScalarHeadCritic.from_policy(copy.deepcopy(policy)))
+    else:
+        module = ActorCriticModule(policy, value_head=torch.nn.Linear(policy.config.n_embd, 1))
+    ids = torch.tensor([[3, 4, 5, 6, 7], [3, 4, 5, 6, 7]])
+    kwargs = dict(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        position_ids=torch.arange(5).expand(2, 5),
+        prompt_width=2,
+        temperature=1.0,
+        need_values=True,
+        need_entropy=True,
+    )
+    plain = module.response_outputs(**kwargs)  # type: ignore[arg-type]
+    assert plain.values is not None and plain.values._is_view()  # what made FSDP2 warn
+    returned = module(mode="outputs", **kwargs)
+    for name in ("logprobs", "values", "bootstrap_values", "entropy"):
+        tensor = getattr(returned, name)
+        assert not tensor._is_view(), name
+        assert torch.equal(tensor, getattr(plain, name)), name

@@ -20,7 +20,7 @@ from ppo_ref.losses import (
     value_loss,
 )
 from ppo_ref.masked import masked_mean, masked_var, masked_whiten
-from ppo_ref.variants import CISPOLossResult, GSPOLossResult, cispo_loss, gspo_loss
+from ppo_ref.variants import CISPOLossResult, GSPOLossResult, RatioLossResult, cispo_loss, gspo_loss
 
 __version__ = "0.1.0"
 
@@ -31,6 +31,7 @@ __all__ = [
     "GSPOLossResult",
     "PenaltyLossResult",
     "PolicyLossResult",
+    "RatioLossResult",
     "aggregate_loss",
     "cispo_loss",
     "entropy",

@@ -12,18 +12,21 @@ from ppo_ref.aggregation import _PER_ROW, _count, _reduce, check_aggregation
 from ppo_ref.losses import _pair_kl
 from ppo_ref.masked import masked_sum
 
-__all__ = ["CISPOLossResult", "GSPOLossResult", "cispo_loss", "gspo_loss"]
+__all__ = ["CISPOLossResult", "GSPOLossResult", "RatioLossResult", "cispo_loss", "gspo_loss"]
 
 
 @dataclass(frozen=True)
-class GSPOLossResult:
-    """What :func:`gspo_loss` returns. Every field is a 0-dim tensor; only ``loss`` has a graph.
+class RatioLossResult:
+    """What :func:`gspo_loss` and :func:`cispo_loss` return. Every field is a 0-dim tensor; only
+    ``loss`` has a graph.
 
     Attributes:
-        loss: the GSPO loss, to minimise; differentiable in ``logp``.
-        clipfrac: share of sequences (rows with an action token) on the flat branch.
-        ratio_mean: mean of the sequence ratios s_i over those rows.
-        ratio_max: largest sequence ratio (0 for a batch without an action token).
+        loss: the loss, to minimise; differentiable in ``logp``.
+        clipfrac: GSPO: share of sequences (rows with an action token) on the flat branch; CISPO:
+            share of action tokens whose weight the clip changed (ρ outside the bounds).
+        ratio_mean: GSPO: mean of the sequence ratios s_i over those rows; CISPO: masked mean of
+            the token ratio ρ.
+        ratio_max: the largest of those ratios (0 for a batch without an action token).
         approx_kl: masked token-mean of ``(ρ - 1) - log ρ``, as in :func:`ppo_ref.policy_loss`.
     """
 
@@ -32,6 +35,13 @@ class GSPOLossResult:
     ratio_mean: Tensor
     ratio_max: Tensor
     approx_kl: Tensor
+
+
+GSPOLossResult = RatioLossResult
+"""The name :func:`gspo_loss`'s result had before GSPO and CISPO shared one type (kept for imports)."""
+
+CISPOLossResult = RatioLossResult
+"""The name :func:`cispo_loss`'s result had before GSPO and CISPO shared one type (kept for imports)."""
 
 
 def gspo_loss(
@@ -43,7 +53,7 @@ def gspo_loss(
     *,
     clip_eps_high: float | None = None,
     row_count: int | Tensor | None = None,
-) -> GSPOLossResult:
+) -> RatioLossResult:
     r"""Group Sequence Policy Optimization: a clipped sequence ratio (arXiv 2507.18071).
 
     .. math:: s_i = \exp\Big(\frac{1}{|y_i|}\sum_{t \in y_i} \big(\log\pi(a_t) - \log\pi_{old}(a_t)\big)\Big),
@@ -91,32 +101,13 @@ def gspo_loss(
     with torch.no_grad():
         seqs = nonempty.sum().clamp(min=1)
         kept_ratio = torch.where(nonempty, seq_ratio, zero)
-        return GSPOLossResult(
+        return RatioLossResult(
             loss=loss,
             clipfrac=torch.count_nonzero(nonempty & (clipped < unclipped)).to(zero.dtype) / seqs,
             ratio_mean=kept_ratio.sum() / seqs,
             ratio_max=kept_ratio.amax() if kept_ratio.numel() else zero,
             approx_kl=kl_sum / row_tokens.sum().clamp(min=1),
         )
-
-
-@dataclass(frozen=True)
-class CISPOLossResult:
-    """What :func:`cispo_loss` returns. Every field is a 0-dim tensor; only ``loss`` has a graph.
-
-    Attributes:
-        loss: the CISPO loss, to minimise; differentiable in ``logp``.
-        clipfrac: share of action tokens whose weight the clip changed (ρ outside the bounds).
-        ratio_mean: masked mean of the token ratio ρ.
-        ratio_max: largest ratio on an action token (0 for a batch without one).
-        approx_kl: masked mean of ``(ρ - 1) - log ρ``.
-    """
-
-    loss: Tensor
-    clipfrac: Tensor
-    ratio_mean: Tensor
-    ratio_max: Tensor
-    approx_kl: Tensor
 
 
 def cispo_loss(
@@ -131,7 +122,7 @@ def cispo_loss(
     norm_constant: float | None = None,
     token_count: int | Tensor | None = None,
     row_count: int | Tensor | None = None,
-) -> CISPOLossResult:
+) -> RatioLossResult:
     r"""Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv 2506.13585): clip the weight, not the update.
 
     .. math:: \ell_t = -\,\mathrm{sg}\big[\operatorname{clip}(\rho_t, 1 - \epsilon_{low},
@@ -186,7 +177,7 @@ def cispo_loss(
         tokens = _count(keep, weights).clamp(min=1)
         kept_ratio = ratio * weights  # ratio is exactly 1 off the mask: 1 * 0 = +0, as where gives
         # Off the mask ratio = 1 = weight (1 is inside [1 - low, 1 + high]): no mask needed.
-        return CISPOLossResult(
+        return RatioLossResult(
             loss=loss,
             clipfrac=torch.count_nonzero(weight != ratio).to(zero.dtype) / tokens,
             ratio_mean=kept_ratio.sum() / tokens,

@@ -14,6 +14,7 @@ values the suite knows are in :mod:`ppo_ref.adapters.conventions`.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
@@ -32,6 +33,7 @@ __all__ = [
     "GspoLossOp",
     "KlLossOp",
     "KlPenaltyOp",
+    "LossReport",
     "MaskedMeanOp",
     "MaskedWhitenOp",
     "PenaltyLossOutput",
@@ -93,6 +95,31 @@ class PolicyLossOutput(Protocol):
 
     @property
     def approx_kl(self) -> Tensor | float | None: ...
+
+
+@dataclass(frozen=True)
+class LossReport:
+    """A library's loss and the statistics it reports beside it, as an adapter returns them from
+    ``policy_loss``, ``gspo_loss`` or ``cispo_loss`` (it has what :class:`PolicyLossOutput` and
+    :class:`SequenceLossOutput` ask for): one type for every adapter, so that a library's names
+    for them (verl's ``actor/pg_clipfrac``, OpenRLHF's ``clip_ratio``, ...) are mapped once, where
+    the adapter calls the library.
+
+    Attributes:
+        loss: the loss, differentiable in logp.
+        clipfrac: the library's clip fraction, or None where it reports none (the adapter then
+            declares ``clipfrac: None``).
+        approx_kl: the library's approximate KL, or None where it reports none (``approx_kl: None``).
+        extra: other statistics the library reports, by the adapter's name for them (not checked).
+
+    >>> LossReport(loss=1.5, clipfrac=0.25).approx_kl is None
+    True
+    """
+
+    loss: Tensor | float
+    clipfrac: Tensor | float | None = None
+    approx_kl: Tensor | float | None = None
+    extra: Mapping[str, float] = field(default_factory=dict)
 
 
 class PenaltyLossOutput(Protocol):

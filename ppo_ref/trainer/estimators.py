@@ -33,7 +33,7 @@ from ppo_ref.aggregation import LossAggregation
 from ppo_ref.group import GROUP_METHODS, GroupMethod
 from ppo_ref.losses import PolicyLossResult
 from ppo_ref.trainer.data import Rollout
-from ppo_ref.variants import CISPOLossResult, GSPOLossResult
+from ppo_ref.variants import RatioLossResult
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -268,7 +268,7 @@ def _row_advantages(advantages: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask.any(dim=1), advantages.gather(1, first).squeeze(1), 0.0)
 
 
-def _as_policy_loss_result(result: GSPOLossResult | CISPOLossResult) -> PolicyLossResult:
+def _as_policy_loss_result(result: RatioLossResult) -> PolicyLossResult:
     """A GSPO or CISPO result as stage 7's :class:`~ppo_ref.PolicyLossResult`: its clipfrac is
     also the ``ratio_outside_frac`` (each clips one weight, never a dual branch), and
     ``dual_clip_frac`` is 0."""

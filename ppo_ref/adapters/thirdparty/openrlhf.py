@@ -43,14 +43,13 @@ import importlib
 import importlib.metadata
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from ppo_ref.adapters.base import OP_NAMES
+from ppo_ref.adapters.base import OP_NAMES, LossReport
 from ppo_ref.adapters.registry import AdapterLoadError
 from ppo_ref.adapters.thirdparty import _openrlhf_stubs
 from ppo_ref.adapters.thirdparty._common import float_mask as _float_mask
@@ -147,15 +146,6 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
 def _as_actor_logits(logits: Tensor) -> Tensor:
     """Half-precision logits cast to float32, as ``Actor.forward`` does; wider ones unchanged."""
     return logits.to(torch.float32) if logits.dtype in (torch.float16, torch.bfloat16) else logits
-
-
-@dataclass(frozen=True)
-class PolicyLossResult:
-    """OpenRLHF's policy loss with its ``clip_ratio`` (clipfrac) and ``ppo_kl`` (approx_kl)."""
-
-    loss: Tensor
-    clipfrac: Tensor
-    approx_kl: Tensor
 
 
 class OpenRLHFAdapter(OpenRLHFFamilyOps):
@@ -273,7 +263,7 @@ class OpenRLHFAdapter(OpenRLHFFamilyOps):
         norm_constant: float | None = None,
         token_count: int | Tensor | None = None,
         row_count: int | Tensor | None = None,
-    ) -> PolicyLossResult:
+    ) -> LossReport:
         if norm_constant is not None:
             raise ValueError("norm_constant: OpenRLHF has no seq-mean-token-sum-norm mode")
         if loss_agg not in ("token-mean", "seq-mean-token-mean"):
@@ -297,7 +287,7 @@ class OpenRLHFAdapter(OpenRLHFFamilyOps):
             action_mask=_float_mask(mask, logp),
             **loss_batch_info(token_count, row_count),
         )
-        return PolicyLossResult(loss=loss, clipfrac=clip_ratio, approx_kl=ppo_kl)
+        return LossReport(loss=loss, clipfrac=clip_ratio, approx_kl=ppo_kl)
 
     def value_loss(
         self,

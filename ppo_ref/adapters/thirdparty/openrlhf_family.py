@@ -37,13 +37,13 @@ file and line); the adapter only converts arguments the way OpenRLHF's trainer d
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType, ModuleType, SimpleNamespace
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from ppo_ref.adapters.base import LossReport
 from ppo_ref.adapters.thirdparty._common import library_location as _where
 from ppo_ref.adapters.thirdparty._inline import InlineBlock, LocatedBlock, locate
 
@@ -116,15 +116,6 @@ FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
 FAMILY_NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
     {"cispo_loss": "OpenRLHF 0.11.2 has no CISPO loss (--actor.policy_loss_type is ppo or gspo)"}
 )
-
-
-@dataclass(frozen=True)
-class GspoResult:
-    """OpenRLHF's GSPO loss with its ``clip_ratio`` (a token share) and ``ppo_kl``."""
-
-    loss: Tensor
-    clipfrac: Tensor
-    approx_kl: Tensor
 
 
 def loss_batch_info(token_count: int | Tensor | None, row_count: int | Tensor | None) -> dict[str, Any]:
@@ -230,7 +221,7 @@ class OpenRLHFFamilyOps:
         *,
         clip_eps_high: float | None = None,
         row_count: int | Tensor | None = None,
-    ) -> GspoResult:
+    ) -> LossReport:
         keep = mask.to(logp.dtype)
         loss_fn = self._loss.PolicyLoss(
             clip_eps_low=clip_eps,
@@ -244,7 +235,7 @@ class OpenRLHFFamilyOps:
             action_mask=keep,
             **loss_batch_info(None, row_count),
         )
-        return GspoResult(loss, clip_ratio, ppo_kl)
+        return LossReport(loss, clip_ratio, ppo_kl)
 
     # --- KLL ---
 

@@ -46,13 +46,12 @@ import sys
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import Any
 
 from torch import Tensor
 
-from ppo_ref.adapters.base import OP_NAMES
+from ppo_ref.adapters.base import OP_NAMES, LossReport
 from ppo_ref.adapters.thirdparty._common import float_mask as _float_mask
 from ppo_ref.adapters.thirdparty._common import import_library
 from ppo_ref.adapters.thirdparty._common import library_location as _where
@@ -170,15 +169,6 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
     }
 )
 """Ops of the contract this adapter does not provide, and why."""
-
-
-@dataclass(frozen=True)
-class PolicyLossResult:
-    """skyrl's policy loss and its ``clip_ratio`` (clipfrac); skyrl reports no approx-KL."""
-
-    loss: Tensor
-    clipfrac: float
-    approx_kl: None = None
 
 
 def _import_tinker_types() -> None:
@@ -320,14 +310,14 @@ class SkyRLAdapter(SkyRLFamilyOps):
         clip_eps_high: float | None = None,
         dual_clip: float | None = None,
         norm_constant: float | None = None,
-    ) -> PolicyLossResult:
+    ) -> LossReport:
         keep = _float_mask(mask, logp)
         scaled = self._scaled(advantages, keep, loss_agg, norm_constant)
         loss_fn = self._ppo.PolicyLossRegistry.get("regular" if dual_clip is None else "dual_clip")
         loss, metrics = loss_fn(
             logp, old_logp, scaled, self._policy_config(clip_eps, clip_eps_high, dual_clip), loss_mask=keep
         )
-        return PolicyLossResult(loss=loss, clipfrac=metrics["clip_ratio"])
+        return LossReport(loss=loss, clipfrac=metrics["clip_ratio"])
 
     def value_loss(
         self,

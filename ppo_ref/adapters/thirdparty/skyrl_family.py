@@ -39,13 +39,13 @@ its trainer passes, at its defaults except the fields named here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from ppo_ref.adapters.base import LossReport
 from ppo_ref.adapters.thirdparty._common import library_location as _where
 
 __all__ = [
@@ -120,15 +120,6 @@ FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
 )
 
 FAMILY_NOT_PROVIDED: Mapping[str, str] = MappingProxyType({})
-
-
-@dataclass(frozen=True)
-class SequenceLossResult:
-    """A skyrl policy loss and its ``clip_ratio`` (a token share); skyrl reports no approx-KL."""
-
-    loss: Tensor
-    clipfrac: float
-    approx_kl: None = None
 
 
 def reduction_config(loss_agg: str, norm_constant: float | None = None) -> dict[str, Any]:
@@ -248,7 +239,7 @@ class SkyRLFamilyOps:
         *,
         clip_eps_high: float | None = None,
         row_count: int | Tensor | None = None,
-    ) -> SequenceLossResult:
+    ) -> LossReport:
         _no_counts(None, row_count)
         keep = _float_mask(mask, logp)
         config = self._algorithm_config(
@@ -261,7 +252,7 @@ class SkyRLFamilyOps:
         loss, metrics = self._ppo.PolicyLossRegistry.get("gspo")(
             logp, old_logp, scaled, config, loss_mask=keep
         )
-        return SequenceLossResult(loss, metrics["clip_ratio"])
+        return LossReport(loss, metrics["clip_ratio"])
 
     def cispo_loss(
         self,
@@ -276,7 +267,7 @@ class SkyRLFamilyOps:
         norm_constant: float | None = None,
         token_count: int | Tensor | None = None,
         row_count: int | Tensor | None = None,
-    ) -> SequenceLossResult:
+    ) -> LossReport:
         _no_counts(token_count, row_count)
         keep = _float_mask(mask, logp)
         reduction = reduction_config(loss_agg, norm_constant)
@@ -290,7 +281,7 @@ class SkyRLFamilyOps:
         loss, metrics = self._ppo.PolicyLossRegistry.get("cispo")(
             logp, old_logp, scaled, config, loss_mask=keep
         )
-        return SequenceLossResult(loss, metrics["clip_ratio"])
+        return LossReport(loss, metrics["clip_ratio"])
 
     # --- KLL ---
 

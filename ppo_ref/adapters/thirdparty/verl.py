@@ -27,13 +27,12 @@ import importlib
 import importlib.metadata
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 
 import torch
 from torch import Tensor
 
-from ppo_ref.adapters.base import OP_NAMES
+from ppo_ref.adapters.base import OP_NAMES, LossReport
 from ppo_ref.adapters.thirdparty._common import float_mask as _float_mask
 from ppo_ref.adapters.thirdparty._common import import_library
 from ppo_ref.adapters.thirdparty._common import library_location as _where
@@ -139,16 +138,6 @@ NOT_PROVIDED: Mapping[str, str] = MappingProxyType(
     }
 )
 """Ops of the contract this adapter does not provide, and why."""
-
-
-@dataclass(frozen=True)
-class PolicyLossResult:
-    """verl's policy loss and its metrics (``clipfrac_lower``: verl's dual-clip share, extra)."""
-
-    loss: Tensor
-    clipfrac: float
-    approx_kl: float
-    clipfrac_lower: float
 
 
 class VerlAdapter(VerlFamilyOps):
@@ -261,7 +250,7 @@ class VerlAdapter(VerlFamilyOps):
         norm_constant: float | None = None,
         token_count: int | Tensor | None = None,
         row_count: int | Tensor | None = None,
-    ) -> PolicyLossResult:
+    ) -> LossReport:
         loss_fn = self._core.get_policy_loss_fn("vanilla")
         token_count = _engine_token_count(mask, loss_agg, token_count)
         row_count = engine_row_count(mask, loss_agg, row_count)
@@ -274,11 +263,11 @@ class VerlAdapter(VerlFamilyOps):
             loss_agg_mode=loss_agg,
             config=self.policy_options_config(clip_eps, clip_eps_high, dual_clip, **counts),
         )
-        return PolicyLossResult(
+        return LossReport(
             loss=loss,
             clipfrac=metrics["actor/pg_clipfrac"],
             approx_kl=metrics["actor/ppo_kl"],
-            clipfrac_lower=metrics["actor/pg_clipfrac_lower"],
+            extra={"clipfrac_lower": metrics["actor/pg_clipfrac_lower"]},  # verl's dual-clip share
         )
 
     def value_loss(

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from ppo_ref.adapters.base import LossReport
 from ppo_ref.adapters.thirdparty._common import library_location as _where
 
 __all__ = [
@@ -106,15 +106,6 @@ FAMILY_CONVENTION_SOURCES: Mapping[str, str] = MappingProxyType(
 )
 
 FAMILY_NOT_PROVIDED: Mapping[str, str] = MappingProxyType({})
-
-
-@dataclass(frozen=True)
-class SequenceLossResult:
-    """A verl policy loss and its metrics (``clipfrac`` is verl's ``actor/pg_clipfrac``, a token share)."""
-
-    loss: Tensor
-    clipfrac: float
-    approx_kl: float
 
 
 def _bool_mask(mask: Tensor) -> Tensor:
@@ -273,7 +264,7 @@ class VerlFamilyOps:
         *,
         clip_eps_high: float | None = None,
         row_count: int | Tensor | None = None,
-    ) -> SequenceLossResult:
+    ) -> LossReport:
         keep = _bool_mask(mask)
         loss, metrics = self._core.get_policy_loss_fn("gspo")(
             old_log_prob=old_logp,
@@ -283,7 +274,7 @@ class VerlFamilyOps:
             loss_agg_mode="seq-mean-token-mean",
             config=self.policy_options_config(clip_eps, clip_eps_high, row_count=row_count),
         )
-        return SequenceLossResult(loss, metrics["actor/pg_clipfrac"], metrics["actor/ppo_kl"])
+        return LossReport(loss, metrics["actor/pg_clipfrac"], metrics["actor/ppo_kl"])
 
     def cispo_loss(
         self,
@@ -298,7 +289,7 @@ class VerlFamilyOps:
         norm_constant: float | None = None,
         token_count: int | Tensor | None = None,
         row_count: int | Tensor | None = None,
-    ) -> SequenceLossResult:
+    ) -> LossReport:
         config = self._actor_config(
             strategy="fsdp",
             rollout_n=1,
@@ -318,7 +309,7 @@ class VerlFamilyOps:
             loss_agg_mode=loss_agg,
             config=config,
         )
-        return SequenceLossResult(loss, metrics["actor/pg_clipfrac"], metrics["actor/ppo_kl"])
+        return LossReport(loss, metrics["actor/pg_clipfrac"], metrics["actor/ppo_kl"])
 
     # --- KLL ---
 

@@ -464,6 +464,8 @@ class SkyrlStep:
         }
         record["columns"] = float(data["loss_mask"].shape[1])
         record["sequence_columns"] = float(data["sequences"].shape[1])
+        slots = data["sequences"][data["attention_mask"] == 0].unique().tolist()
+        record["padding_id"] = float(slots[0]) if len(slots) == 1 else None  # None: no or mixed padding
         data.pop("rewards")
         data.metadata.pop("uids")
         status = trainer.train_critic_and_policy(data)
@@ -491,6 +493,7 @@ class SkyrlStep:
             "micro_batches_run": float(len(record["losses"])),
             "columns": record["columns"],
             "sequence_columns": record["sequence_columns"],
+            "padding_id": record["padding_id"],
         }
         if isinstance(status.get("policy_loss"), (int, float)):
             stats["logged_loss"] = float(status["policy_loss"])

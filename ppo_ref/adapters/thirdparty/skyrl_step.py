@@ -2,10 +2,10 @@
 
 Every run goes through skyrl's own trainer and worker code, in this process, on the CPU (file:line of
 the installed release, ``skyrl/...``), in the order of ``RayPPOTrainer.train``'s step
-(``train/trainer.py:380-441``):
+(``train/trainer.py:381-442``):
 
 - the rollout is the ``GeneratorOutput`` that ``SkyRLGymGenerator.generate_batched`` returns
-  (``train/generators/skyrl_gym_generator.py:949-966``: ``prompt_token_ids``, ``response_ids``, one reward
+  (``train/generators/skyrl_gym_generator.py:953-963``: ``prompt_token_ids``, ``response_ids``, one reward
   per row, ``loss_masks`` of ones, ``stop_reasons``) with the batch's scores as the rewards and vLLM's
   stop reasons (``"stop"`` for a row ending with EOS, ``"length"`` for a row cut at the budget), and one
   uid per prompt;
@@ -440,7 +440,7 @@ class SkyrlStep:
 
         worker.policy_loss_fn = spy_loss
         output, uids = self._generator_output(batch, cfg)
-        # RayPPOTrainer.train's step (train/trainer.py:380-441)
+        # RayPPOTrainer.train's step (train/trainer.py:381-442)
         output, uids = trainer.postprocess_generator_output(output, uids)
         convert = trainer_module.convert_prompts_responses_to_batch_tensors
         if pad_to is not None:

@@ -163,6 +163,11 @@ TESTED: dict[str, tuple[str, str, str]] = {
         "as typed",
         "in .envs/rlinf (thirdparty)",
     ),
+    ".envs/skyrl/bin/python -m pytest conformance/test_step_tier.py --impl=skyrl -p no:cacheprovider": (
+        "tests/test_step_skyrl.py::test_step_tier_verdicts_of_skyrl",
+        "as typed",
+        "in .envs/skyrl (thirdparty)",
+    ),
     "python -m pytest test_my_losses.py": (
         "tests/test_check_op.py::test_check_op_in_a_users_pytest_run",
         "as typed",

@@ -160,6 +160,7 @@ def _library_modules() -> dict[str, set[str]]:
         ("openrlhf_step.py", "openrlhf"): "",
         ("swift_step.py", "swift"): "",
         ("rlinf_step.py", "rlinf"): "",
+        ("skyrl_step.py", "skyrl"): "",
     }
     for (name, env), absent in runners.items():
         modules = _imported_modules(REPO / "ppo_ref" / "adapters" / "thirdparty" / name)
@@ -177,6 +178,7 @@ def _library_modules() -> dict[str, set[str]]:
                 "deepspeed",
                 "swift",
                 "rlinf",
+                "skyrl",
             )
         }
         by_env.setdefault(env, set()).update(m for m in library if not (absent and m.startswith(absent)))

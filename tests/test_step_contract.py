@@ -125,7 +125,7 @@ def test_runner_lookup_and_contract() -> None:
         name = "mine"
         step = object()
 
-    names = {"mine", "trl", "trl116", "verl", "openrlhf", "swift", "rlinf"}  # the adapters' names
+    names = {"mine", "trl", "trl116", "verl", "openrlhf", "swift", "rlinf", "skyrl"}  # the adapters' names
     assert set(BUILTIN_STEP_RUNNERS) == names
     assert step_runner(WithStep()) is runner
     assert isinstance(step_runner(Named()), MineStep)

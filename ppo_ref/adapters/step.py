@@ -67,6 +67,7 @@ BUILTIN_STEP_RUNNERS: Mapping[str, str] = {
     "openrlhf": "ppo_ref.adapters.thirdparty.openrlhf_step:make_step",  # OpenRLHF 0.11.2: the PPO actor's fit
     "swift": "ppo_ref.adapters.thirdparty.swift_step:make_step",  # ms-swift 4.6.0: GRPOTrainer via SwiftRLHF
     "rlinf": "ppo_ref.adapters.thirdparty.rlinf_step:make_step",  # RLinf 0.3.0: FSDPActor.training_step
+    "skyrl": "ppo_ref.adapters.thirdparty.skyrl_step:make_step",  # skyrl 0.4.0: RayPPOTrainer's policy step
 }
 """Adapter name -> ``module:factory`` of its step runner (the factory returns None where the
 installed version has none), for adapters that do not carry a ``step`` attribute themselves."""

@@ -52,12 +52,13 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import results_document as document  # noqa: E402
+from bench.worker import Worker  # noqa: E402
 
 RESULTS = document.RESULTS_DIR
 PARTS = ("trainer", "grpo", "primitives", "memory", "conformance", "family", "threads")
@@ -149,52 +150,20 @@ def ensure_pytest_benchmark(name: str, python: Path, env: dict[str, str]) -> boo
     return done.returncode == 0
 
 
-class Worker:
-    """A long-lived benchmark process speaking one JSON line per command and per reply."""
-
-    def __init__(self, label: str, command: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.label = label
-        self._log: IO[str] = log_path.open("w")
-        self.process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            bufsize=1,
-        )
-        self.log_path = log_path
-
-    def read(self) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            tail = self.log_path.read_text()[-3000:]
-            raise RuntimeError(f"worker {self.label} exited ({self.process.poll()}); its log ends:\n{tail}")
-        reply: dict[str, Any] = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(f"worker {self.label}: {reply['error']}")
-        return reply
-
-    def ask(self, **command: Any) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(command) + "\n")
-        self.process.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                assert self.process.stdin is not None
-                self.process.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self.process.stdin.flush()
-            try:
-                self.process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self._log.close()
+def timed_round(
+    workers: dict[str, Worker], order: list[str], block: int, bare: Worker
+) -> tuple[dict[str, Any], float, float, float, float]:
+    """One round in ``order``: ``block`` iterations of each trainer, one bare measurement (``bare``'s
+    worker); the record and the medians (ppo-ref's and TRL's seconds, then their CPU seconds)."""
+    record: dict[str, Any] = {"order": order, "loadavg_1min": os.getloadavg()[0]}
+    for name in order:
+        if name == "bare":
+            record["bare"] = bare.ask(cmd="bare", repeats=1)
+        else:
+            reply = workers[name].ask(cmd="iterations", n=block)
+            record[name], record[f"{name}_cpu"] = reply["seconds"], reply["cpu_seconds"]
+    medians = [statistics.median(record[key]) for key in ("ppo_ref", "trl", "ppo_ref_cpu", "trl_cpu")]
+    return record, medians[0], medians[1], medians[2], medians[3]
 
 
 def run_trainer_comparison(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
@@ -224,22 +193,13 @@ def run_trainer_comparison(args: argparse.Namespace, env: dict[str, str]) -> dic
         rounds = []
         for index in range(args.rounds):
             order = ["ppo_ref", "bare", "trl"] if index % 2 == 0 else ["trl", "bare", "ppo_ref"]
-            record: dict[str, Any] = {"order": order, "loadavg_1min": os.getloadavg()[0]}
-            for name in order:
-                if name == "bare":
-                    record["bare"] = workers["ppo_ref"].ask(cmd="bare", repeats=1)
-                else:
-                    reply = workers[name].ask(cmd="iterations", n=args.block)
-                    record[name], record[f"{name}_cpu"] = reply["seconds"], reply["cpu_seconds"]
-            ours, theirs = statistics.median(record["ppo_ref"]), statistics.median(record["trl"])
+            record, ours, theirs, ours_cpu, theirs_cpu = timed_round(
+                workers, order, args.block, workers["ppo_ref"]
+            )
             record["ratio_trl_over_ppo_ref"] = theirs / ours
             record["overhead"] = ours / record["bare"]["bare"]
             record["trl_over_bare"] = theirs / record["bare"]["bare"]
             # The same ratios in process CPU seconds, which other jobs' load disturbs less than wall time.
-            ours_cpu, theirs_cpu = (
-                statistics.median(record["ppo_ref_cpu"]),
-                statistics.median(record["trl_cpu"]),
-            )
             record["ratio_cpu"] = theirs_cpu / ours_cpu
             record["overhead_cpu"] = ours_cpu / record["bare"]["bare_cpu"]
             rounds.append(record)
@@ -308,23 +268,14 @@ def run_grpo_comparison(args: argparse.Namespace, env: dict[str, str], beta: flo
         rounds = []
         for index in range(args.rounds):
             order = orders[index % 3] if index % 2 == 0 else list(reversed(orders[index % 3]))
-            record: dict[str, Any] = {"order": order, "loadavg_1min": os.getloadavg()[0]}
-            for name in order:
-                if name == "bare":
-                    record["bare"] = workers["bare"].ask(cmd="bare", repeats=1)
-                else:
-                    reply = workers[name].ask(cmd="iterations", n=args.block)
-                    record[name], record[f"{name}_cpu"] = reply["seconds"], reply["cpu_seconds"]
-            ours, theirs = statistics.median(record["ppo_ref"]), statistics.median(record["trl"])
+            record, ours, theirs, ours_cpu, theirs_cpu = timed_round(
+                workers, order, args.block, workers["bare"]
+            )
             bare = record["bare"]
             record["ratio_trl_over_ppo_ref"] = theirs / ours
             record["ppo_ref_over_bare"] = ours / bare["bare"]
             record["ppo_ref_over_bare_own"] = ours / bare["bare_own"]
             record["trl_over_bare"] = theirs / bare["bare"]
-            ours_cpu, theirs_cpu = (
-                statistics.median(record["ppo_ref_cpu"]),
-                statistics.median(record["trl_cpu"]),
-            )
             record["ratio_cpu"] = theirs_cpu / ours_cpu
             record["ppo_ref_over_bare_cpu"] = ours_cpu / bare["bare_cpu"]
             record["ppo_ref_over_bare_own_cpu"] = ours_cpu / bare["bare_own_cpu"]

@@ -1,7 +1,7 @@
 """The PPO-family ops at the shapes of issue 14 (part 4), one implementation per run.
 
-``pytest bench/test_family_ops.py --bench-impl=NAME`` times every case of ``bench/family_side.py``
-for ``NAME`` (``mine``, or ``verl``, ``openrlhf``, ``skyrl`` from their ``.envs/NAME``): group
+``pytest bench/test_family_ops.py --bench-impl=NAME`` times every case of ``bench/family/`` for
+``NAME`` (``mine``, or ``verl``, ``openrlhf``, ``skyrl`` from their ``.envs/NAME``): group
 advantages at B = 65,536 in groups of 16; the aggregation modes, the PPO loss with clip-higher and
 dual clip, GSPO, CISPO, KL as a loss and the rollout corrections at B = 256, T = 2048, forward
 (no autograd) and forward+backward. Under ``--benchmark-disable`` (CI's untimed run) the shapes
@@ -23,16 +23,18 @@ import torch
 from torch import Tensor
 
 import ppo_ref
-from bench import family_side as side
+from bench.family import cases as side
+from bench.family.mine import mine_cases
+from bench.family.sides import SIDES, cases_for
 
-KEYS = [case.key for case in side.mine_cases(side.make_data(side.SMALL))]
+KEYS = [case.key for case in mine_cases(side.make_data(side.SMALL))]
 
 
 @functools.cache
 def _cases(name: str, shapes: side.Shapes) -> dict[tuple[str, str], side.Case] | str:
     """The cases of side ``name``, or why they cannot be built here."""
     try:
-        return side.cases_for(name, shapes)
+        return cases_for(name, shapes)
     except ImportError as error:
         return f"{name} is not importable in this environment ({error}); run this file under .envs/{name}"
 
@@ -91,8 +93,8 @@ def _oracle(key: str, data: dict[str, Tensor]) -> tuple[Tensor, object]:
 @pytest.mark.parametrize("key", KEYS)
 def test_family_op(benchmark: Any, request: pytest.FixtureRequest, key: str, implementation: str) -> None:
     name = str(request.config.getoption("--bench-impl"))
-    if name not in side.SIDES:
-        pytest.skip(f"{name} has no family-op side (bench/family_side.py knows {side.SIDES})")
+    if name not in SIDES:
+        pytest.skip(f"{name} has no family-op side (bench/family_side.py knows {SIDES})")
     if implementation and name != "verl":
         pytest.skip("only verl ships a second implementation (its Python-loop grpo/rloo estimators)")
     shapes = side.SMALL if benchmark.disabled else side.FULL

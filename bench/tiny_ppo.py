@@ -19,10 +19,12 @@ from __future__ import annotations
 import os
 import resource
 import sys
-from typing import Any, TextIO
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from bench.worker import claim_stdout_for_protocol, protocol_stream  # the workers' protocol, once
 
 VOCAB = 64
 PAD_ID = VOCAB  # outside the model vocabulary: never sampled
@@ -103,24 +105,6 @@ def prompt_ids(seed: int = SEED) -> Tensor:
 def prompt_texts(seed: int = SEED) -> list[str]:
     """The prompts as texts ``"t5 t17 ..."`` (the tokenizer maps them back to :func:`prompt_ids`)."""
     return [" ".join(f"t{i}" for i in row) for row in prompt_ids(seed).tolist()]
-
-
-_PROTOCOL: list[TextIO] = []
-
-
-def claim_stdout_for_protocol() -> None:
-    """Keep the real stdout for a worker's JSON replies; everything else printed (libraries' logs,
-    progress bars, C-level writes to fd 1) goes to stderr from now on."""
-    if not _PROTOCOL:
-        sys.stdout.flush()
-        _PROTOCOL.append(os.fdopen(os.dup(1), "w"))
-        os.dup2(2, 1)
-        sys.stdout = sys.stderr
-
-
-def protocol_stream() -> TextIO:
-    """Where a worker writes its replies (stdout unless :func:`claim_stdout_for_protocol` ran)."""
-    return _PROTOCOL[0] if _PROTOCOL else sys.stdout
 
 
 def peak_rss_bytes() -> int:

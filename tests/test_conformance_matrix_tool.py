@@ -1,17 +1,23 @@
-"""tools/conformance_matrix.py on fabricated run results: findings parsed from their header lines,
-FAIL cells linked by evidence (the failing test ids), reach per cell and per library, the Markdown it
-renders, no machine paths, and its --check mode (verdicts, reach, linked findings)."""
+"""tools/conformance_matrix.py and its parts (tools/matrix/) on fabricated run results: findings parsed
+from their header lines, FAIL cells linked by evidence (the failing test ids), reach per cell and per
+library, the Markdown it renders, no machine paths, and its --check mode (verdicts, reach, linked
+findings)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conformance.support import EDGE_CLAUSES
+from tools.matrix import run
+from tools.matrix.build import build_matrix, check_differences, scrub, verdict_differences
+from tools.matrix.findings import FINDINGS_FILES, REACHES, link_failures, load_findings, parse_findings
+from tools.matrix.render import render_markdown
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -140,7 +146,7 @@ REPORTS = _reports()
 
 
 def _findings() -> Any:
-    return _tool().parse_findings([FINDINGS_TEXT, ("findings-family.md", FAMILY_TEXT)])
+    return parse_findings([FINDINGS_TEXT, ("findings-family.md", FAMILY_TEXT)])
 
 
 def test_findings_header_lines_are_parsed() -> None:
@@ -158,51 +164,45 @@ def test_findings_header_lines_are_parsed() -> None:
 
 
 def test_an_unknown_reach_is_kept_as_unknown() -> None:
-    found = _tool().parse_findings(['<a id="x-1"></a>\nReach: serious\nExplains: test_a\n'])
+    found = parse_findings(['<a id="x-1"></a>\nReach: serious\nExplains: test_a\n'])
     assert found["x-1"].reach == "unknown"
 
 
 def test_a_fixed_finding_explains_no_failure() -> None:
     """An entry the column's release fixed (reach ``fixed``) links no FAIL cell even when one of its
     ``Explains:`` ids fails: the failure has another cause, shown as unexplained until one is named."""
-    tool = _tool()
     text = '<a id="lib-old"></a>\nImplementations: lib\nReach: fixed\nExplains: GAE-2/c8-skip-holes, GAE-2\n'
-    found = tool.parse_findings([text])
+    found = parse_findings([text])
     assert found["lib-old"].reach == "fixed"
-    ids, unexplained = tool.link_failures("lib", "GAE-2", GAE_TESTS[:1], found)
+    ids, unexplained = link_failures("lib", "GAE-2", GAE_TESTS[:1], found)
     assert (ids, unexplained) == ([], GAE_TESTS[:1])
-    assert tool.link_failures("lib", "GAE-2", GAE_TESTS[:1], _findings())[0] == ["lib-gae-padding"]
+    assert link_failures("lib", "GAE-2", GAE_TESTS[:1], _findings())[0] == ["lib-gae-padding"]
 
 
 def test_failures_link_only_to_findings_whose_ids_failed() -> None:
-    tool = _tool()
     found = _findings()
-    ids, unexplained = tool.link_failures("lib", "GAE-2", GAE_TESTS, found)
+    ids, unexplained = link_failures("lib", "GAE-2", GAE_TESTS, found)
     assert ids == ["lib-gae-padding", "lib-nan-padding"]
     assert unexplained == []
     # one test only: the finding whose evidence is another test is not linked
-    ids, unexplained = tool.link_failures("lib", "GAE-2", GAE_TESTS[2:], found)
+    ids, unexplained = link_failures("lib", "GAE-2", GAE_TESTS[2:], found)
     assert ids == ["lib-nan-padding"]
     # another library failing the same test is linked to its own finding only
-    ids, unexplained = tool.link_failures("other", "GAE-2", GAE_TESTS[1:2], found)
+    ids, unexplained = link_failures("other", "GAE-2", GAE_TESTS[1:2], found)
     assert ids == ["other-gae"]
-    ids, unexplained = tool.link_failures(
-        "lib", "GAE-3", ["conformance/test_gae.py::test_something_else"], found
-    )
+    ids, unexplained = link_failures("lib", "GAE-3", ["conformance/test_gae.py::test_something_else"], found)
     assert (ids, unexplained) == ([], ["conformance/test_gae.py::test_something_else"])
 
 
 def test_a_clause_id_explains_a_failure_without_test_ids() -> None:
-    tool = _tool()
-    ids, unexplained = tool.link_failures("lib", "CONTRACT", [], _findings())
+    ids, unexplained = link_failures("lib", "CONTRACT", [], _findings())
     assert (ids, unexplained) == (["lib-contract"], [])
-    ids, unexplained = tool.link_failures("lib", "GAE-2", [], _findings())
+    ids, unexplained = link_failures("lib", "GAE-2", [], _findings())
     assert (ids, unexplained) == ([], ["GAE-2 (no failing test id)"])
 
 
 def test_matrix_cells_carry_findings_reach_and_counts() -> None:
-    tool = _tool()
-    matrix = tool.build_matrix(REPORTS, _findings())
+    matrix = build_matrix(REPORTS, _findings())
     assert matrix["unexplained_failures"] == []
     rows = {row["id"]: row["verdicts"] for row in matrix["clauses"]}
     cell = rows["GAE-2"]["lib"]
@@ -215,35 +215,33 @@ def test_matrix_cells_carry_findings_reach_and_counts() -> None:
 
 
 def test_robustness_only_cell_and_an_unexplained_test() -> None:
-    tool = _tool()
     extra = "conformance/test_gae.py::test_new_property"
-    matrix = tool.build_matrix(_reports([GAE_TESTS[2], extra]), _findings())
+    matrix = build_matrix(_reports([GAE_TESTS[2], extra]), _findings())
     cell = {row["id"]: row["verdicts"] for row in matrix["clauses"]}["GAE-2"]["lib"]
     assert cell["findings"] == ["lib-nan-padding"]
     assert cell["unexplained"] == [extra]
     assert cell["reach"] == "unexplained"
     assert matrix["unexplained_failures"] == [f"lib GAE-2: {extra}"]
-    text = tool.render_markdown(matrix)
+    text = render_markdown(matrix)
     assert (
         "**FAIL** (unexplained) [value: the adapter declares this edge input]: "
         "[lib-nan-padding](findings.md#lib-nan-padding), 1 failing test no"
     ) in text
     assert f"- lib GAE-2: {extra}" in text
-    matrix = tool.build_matrix(_reports([GAE_TESTS[2]]), _findings())
+    matrix = build_matrix(_reports([GAE_TESTS[2]]), _findings())
     assert matrix["reach_counts"]["lib"] == {"robustness": 1}
-    assert "- `lib`: value clauses: robustness 1" in tool.render_markdown(matrix)
+    assert "- `lib`: value clauses: robustness 1" in render_markdown(matrix)
 
 
 def test_robustness_clauses_are_counted_apart() -> None:
-    tool = _tool()
     reports = _reports()
     reports["lib"]["clauses"].append(
         _clause("ROB-1", "fail", kind="robustness", failing_tests=[GAE_TESTS[2]], first_failure="nan")
     )
-    matrix = tool.build_matrix(reports, _findings())
+    matrix = build_matrix(reports, _findings())
     assert matrix["reach_counts"]["lib"] == {"trainer-path": 1}
     assert matrix["robustness_reach_counts"]["lib"] == {"robustness": 1}
-    text = tool.render_markdown(matrix)
+    text = render_markdown(matrix)
     assert "- `lib`: value clauses: trainer-path 1; robustness clauses: robustness 1" in text
     assert "| ROB-1 (robustness) | title of ROB-1 |" in text
 
@@ -251,26 +249,23 @@ def test_robustness_clauses_are_counted_apart() -> None:
 def test_edge_clauses_are_counted_apart_unless_declared() -> None:
     """Issue 20: an edge cell (an edge input the adapter does not declare) is counted apart from the
     value cells, in the header's summary too; the row names its kind."""
-    tool = _tool()
     reports = _reports()
     for entry in reports["lib"]["clauses"]:
         if entry["id"] == "GAE-2":
             entry["kind"] = "edge"  # an adapter that does not declare holes
-    matrix = tool.build_matrix(reports, _findings())
+    matrix = build_matrix(reports, _findings())
     assert matrix["reach_counts"]["lib"] == {}
     assert matrix["edge_reach_counts"]["lib"] == {"trainer-path": 1}
     cell = {row["id"]: row["verdicts"] for row in matrix["clauses"]}["GAE-2"]["lib"]
     assert cell["kind"] == "edge"
-    text = tool.render_markdown(matrix)
+    text = render_markdown(matrix)
     assert "- `lib`: value clauses: none; edge clauses: trainer-path 1" in text
     assert "| GAE-2 (edge) | title of GAE-2 | pass | **FAIL** (trainer-path): " in text
-    assert tool.EDGE_CLAUSES == frozenset(EDGE_CLAUSES)  # the tool's copy is the suite's
 
 
 def test_markdown_links_failures_conventions_and_sources() -> None:
-    tool = _tool()
-    matrix = tool.build_matrix(REPORTS, _findings())
-    text = tool.render_markdown(matrix)
+    matrix = build_matrix(REPORTS, _findings())
+    text = render_markdown(matrix)
     assert (
         "| GAE-2 (edge) | title of GAE-2 | pass | **FAIL** (trainer-path) [value: the adapter declares this "
         "edge input]: "
@@ -285,12 +280,10 @@ def test_markdown_links_failures_conventions_and_sources() -> None:
     assert "lib functions \\| with a pipe" in text  # table-safe provenance
     assert "| `lib` | lib 1.0, torch 2.13.0+cpu | hypothesis 6.0, pytest 8.0, numpy 2.0 |" in text
     assert "[lib-unfailed](findings.md#lib-unfailed) (metrics-only)" in text  # listed as not linked
-    contract = tool.build_matrix(
+    contract = build_matrix(
         {"lib": _report("lib", [_clause("CONTRACT", "fail", first_failure="bad adapter")])}, _findings()
     )
-    assert "**FAIL** (adapter): [lib-contract](findings-family.md#lib-contract)" in tool.render_markdown(
-        contract
-    )
+    assert "**FAIL** (adapter): [lib-contract](findings-family.md#lib-contract)" in render_markdown(contract)
 
 
 def test_no_machine_path_reaches_the_docs() -> None:
@@ -299,47 +292,45 @@ def test_no_machine_path_reaches_the_docs() -> None:
     site = "/home/someone/proj/.envs/lib/lib/python3.11/site-packages/lib/core.py:12"
     report["implementation"]["provenance"] = f"lib.core.gae ({site}); checkout {tool.REPO}/tools/x.py"
     report["clauses"][0]["first_failure"] = "see /tmp/pytest-of-x/test_0/out.json and /work/other/file.py"
-    matrix = tool.build_matrix({"lib": report}, _findings())
-    text = tool.render_markdown(matrix) + json.dumps(matrix)
+    matrix = build_matrix({"lib": report}, _findings())
+    text = render_markdown(matrix) + json.dumps(matrix)
     assert "site-packages/lib/core.py:12" in text
     assert "checkout tools/x.py" in text
     for prefix in ("/home/", "/tmp/", "/work/", str(tool.REPO)):
         assert prefix not in text
-    assert "verl/workers/config/actor.py" == tool.scrub("verl/workers/config/actor.py")
+    assert "verl/workers/config/actor.py" == scrub("verl/workers/config/actor.py")
 
 
 def test_a_partial_run_keeps_and_relinks_the_other_columns() -> None:
-    tool = _tool()
-    full = json.loads(json.dumps(tool.build_matrix(REPORTS, _findings())))
-    updated = tool.build_matrix({"mine": REPORTS["mine"]}, _findings(), full)
+    full = json.loads(json.dumps(build_matrix(REPORTS, _findings())))
+    updated = build_matrix({"mine": REPORTS["mine"]}, _findings(), full)
     assert updated["implementations"] == ["mine", "lib"]
     assert updated["clauses"] == full["clauses"]
     fewer = {k: v for k, v in _findings().items() if k != "lib-gae-padding"}
-    relinked = tool.build_matrix({"mine": REPORTS["mine"]}, fewer, full)
+    relinked = build_matrix({"mine": REPORTS["mine"]}, fewer, full)
     cell = {row["id"]: row["verdicts"] for row in relinked["clauses"]}["GAE-2"]["lib"]
     assert cell["findings"] == ["lib-nan-padding"]
     assert cell["reach"] == "unexplained"  # the hand case and the GAE property lost their finding
 
 
 def test_check_compares_verdicts_reach_and_linked_findings() -> None:
-    tool = _tool()
     found = _findings()
-    matrix = json.loads(json.dumps(tool.build_matrix(REPORTS, found)))
-    assert tool.check_differences(matrix, REPORTS, found) == []
+    matrix = json.loads(json.dumps(build_matrix(REPORTS, found)))
+    assert check_differences(matrix, REPORTS, found) == []
     changed = json.loads(json.dumps(REPORTS["lib"]))
     changed["clauses"][0] = _clause("GAE-2", "pass")
-    assert tool.check_differences(matrix, {"lib": changed}, found) == [
+    assert check_differences(matrix, {"lib": changed}, found) == [
         "lib GAE-2: verdict committed 'fail', now 'pass'"
     ]
-    assert tool.verdict_differences(matrix, {"other": changed}) == ["other: not in the committed matrix"]
+    assert verdict_differences(matrix, {"other": changed}) == ["other: not in the committed matrix"]
     # the same verdicts, a finding's reach changed
     softer = dict(found)
     softer["lib-gae-padding"] = found["lib-gae-padding"]._replace(reach="latent")
-    differences = tool.check_differences(matrix, REPORTS, softer)
+    differences = check_differences(matrix, REPORTS, softer)
     assert any(d.startswith("lib GAE-2: reach committed 'trainer-path', now 'latent'") for d in differences)
     # the same verdicts, a finding gone: findings, reach and unexplained tests differ
     fewer = {k: v for k, v in found.items() if k != "lib-gae-padding"}
-    differences = tool.check_differences(matrix, REPORTS, fewer)
+    differences = check_differences(matrix, REPORTS, fewer)
     assert [d.split(":")[1].split()[0] for d in differences] == ["reach", "findings", "unexplained"]
 
 
@@ -353,10 +344,10 @@ def test_check_mode_exit_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     findings = tmp_path / "findings.md"
     findings.write_text(FINDINGS_TEXT, encoding="utf-8")
     committed = tmp_path / "matrix.json"
-    committed.write_text(json.dumps(tool.build_matrix(REPORTS, _tool().parse_findings([FINDINGS_TEXT]))))
+    committed.write_text(json.dumps(build_matrix(REPORTS, parse_findings([FINDINGS_TEXT]))))
     monkeypatch.setattr(tool, "MATRIX_JSON", committed)
     monkeypatch.setattr(tool, "REPO", tmp_path)
-    monkeypatch.setattr(tool, "ALL_NAMES", ("mine", "lib"))
+    monkeypatch.setattr(run, "ALL_NAMES", ("mine", "lib"))
     before = committed.read_text(encoding="utf-8")
     args = ["--check", "--render-only", "--reports", str(reports), "--findings", str(findings), "mine", "lib"]
     assert tool.main(args) == 0
@@ -370,6 +361,22 @@ def test_check_mode_exit_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert committed.read_text(encoding="utf-8") == before
 
 
+def test_the_script_imports_only_the_standard_library() -> None:
+    """``--describe`` runs in every library's environment: loading the script imports neither its
+    parts (``tools/matrix/``, which import the suite) nor ppo-ref, torch or Hypothesis."""
+    code = (
+        "import importlib.util, sys\n"
+        "spec = importlib.util.spec_from_file_location('cm', 'tools/conformance_matrix.py')\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "heavy = ('tools', 'conformance', 'ppo_ref', 'torch', 'hypothesis')\n"
+        "print(sorted(n for n in sys.modules if n.split('.')[0] in heavy))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 @pytest.mark.slow  # imports torch and the adapters
 def test_describe_records_the_test_tool_versions() -> None:
     metadata = _tool().describe("mine")
@@ -381,12 +388,11 @@ def test_every_finding_has_a_reach_evidence_and_its_script() -> None:
     """docs/findings.md and docs/findings-family.md: each entry names its implementations, a known
     reach and the test ids it explains; a trainer-path, non-default or metrics-only entry names a
     script under findings/repro/ that exists."""
-    tool = _tool()
-    found = tool.load_findings(list(tool.FINDINGS_FILES))
+    found = load_findings(list(FINDINGS_FILES))
     assert len(found) >= 30
-    assert len({f.source for f in found.values()}) == len([p for p in tool.FINDINGS_FILES if p.exists()])
+    assert len({f.source for f in found.values()}) == len([p for p in FINDINGS_FILES if p.exists()])
     for finding in found.values():
-        assert finding.reach in tool.REACHES, finding.id
+        assert finding.reach in REACHES, finding.id
         assert finding.explains, finding.id
         assert finding.version, finding.id
         if finding.reach in ("trainer-path", "non-default", "metrics-only"):
@@ -401,18 +407,27 @@ def test_the_matrix_and_ci_cover_every_built_in_adapter() -> None:
     from ppo_ref.adapters.registry import BUILTIN_ADAPTERS
 
     tool = _tool()
-    assert set(tool.ALL_NAMES) == set(BUILTIN_ADAPTERS)
-    assert set(tool.DISTRIBUTIONS) == set(tool.ALL_NAMES)
+    assert set(run.ALL_NAMES) == set(BUILTIN_ADAPTERS)
+    assert set(tool.DISTRIBUTIONS) == set(run.ALL_NAMES)
     committed = json.loads(tool.MATRIX_JSON.read_text(encoding="utf-8"))
-    assert set(committed["implementations"]) == set(tool.ALL_NAMES)
+    assert set(committed["implementations"]) == set(run.ALL_NAMES)
     check_lines = [
         line.split()
         for line in (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
         if "tools/conformance_matrix.py" in line and "--check" in line and not line.lstrip().startswith("#")
     ]
     assert len(check_lines) == 1
-    assert set(tool.ALL_NAMES) <= set(check_lines[0])
+    assert set(run.ALL_NAMES) <= set(check_lines[0])
     # A finding names matrix columns, or a variant of one outside the matrix (``skyrl-normalize``).
-    named = {i for f in tool.load_findings(list(tool.FINDINGS_FILES)).values() for i in f.implementations}
-    stray = {i for i in named - set(tool.ALL_NAMES) if i.split("-", 1)[0] not in tool.ALL_NAMES}
+    named = {i for f in load_findings(list(FINDINGS_FILES)).values() for i in f.implementations}
+    stray = {i for i in named - set(run.ALL_NAMES) if i.split("-", 1)[0] not in run.ALL_NAMES}
     assert not stray, stray
+
+
+def test_shrink_is_the_suites_own_option() -> None:
+    """The suite drops Hypothesis' shrink phase by itself (``conformance.support.examples``);
+    ``--shrink`` passes ``--conformance-shrink`` and no plugin of the tool's own is loaded."""
+    plain = run.suite_command("mine", Path("build/x"), None)
+    shrunk = run.suite_command("mine", Path("build/x"), 7, shrink=True)
+    assert "--conformance-shrink" not in plain and "tools.conformance_matrix" not in plain
+    assert shrunk == [*plain, "--conformance-examples=7", "--conformance-shrink"]

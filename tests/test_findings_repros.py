@@ -21,6 +21,7 @@ from types import ModuleType
 import pytest
 
 from tests.thirdparty_env import thirdparty_python
+from tools.matrix.findings import FINDINGS_FILES, load_findings
 
 REPO = Path(__file__).resolve().parents[1]
 REPRO = REPO / "findings" / "repro"
@@ -38,7 +39,6 @@ def _load(name: str, path: Path) -> ModuleType:
 
 
 runner = _load("run_findings_repros", REPO / "tools" / "run_findings_repros.py")
-matrix_tool = _load("conformance_matrix_tool_for_repros", REPO / "tools" / "conformance_matrix.py")
 
 
 def _imported_modules(path: Path) -> set[str]:
@@ -130,7 +130,7 @@ def test_every_scripted_finding_has_a_reproduction_and_an_upstream_text() -> Non
     """A trainer-path, non-default or metrics-only finding has its script and
     ``findings/upstream/<id>.md``, a text ready to file (title, versions, reproduction, expected and
     got, related upstream threads)."""
-    found = matrix_tool.load_findings(list(matrix_tool.FINDINGS_FILES))
+    found = load_findings(list(FINDINGS_FILES))
     scripted = [f for f in found.values() if f.reach in SCRIPTED_REACHES]
     assert len(scripted) >= 20
     for finding in scripted:

@@ -45,19 +45,19 @@ import fcntl
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench import results_document as document  # noqa: E402
+from bench import trainer_rounds  # noqa: E402
 
 RESULTS = document.RESULTS_DIR
 PARTS = ("trainer", "grpo", "primitives", "memory", "conformance", "family", "threads")
@@ -147,212 +147,6 @@ def ensure_pytest_benchmark(name: str, python: Path, env: dict[str, str]) -> boo
     if done.returncode != 0:
         log(f"could not install pytest-benchmark into .envs/{name}: {done.stderr[-500:]}")
     return done.returncode == 0
-
-
-class Worker:
-    """A long-lived benchmark process speaking one JSON line per command and per reply."""
-
-    def __init__(self, label: str, command: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.label = label
-        self._log: IO[str] = log_path.open("w")
-        self.process = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            text=True,
-            bufsize=1,
-        )
-        self.log_path = log_path
-
-    def read(self) -> dict[str, Any]:
-        assert self.process.stdout is not None
-        line = self.process.stdout.readline()
-        if not line:
-            tail = self.log_path.read_text()[-3000:]
-            raise RuntimeError(f"worker {self.label} exited ({self.process.poll()}); its log ends:\n{tail}")
-        reply: dict[str, Any] = json.loads(line)
-        if "error" in reply:
-            raise RuntimeError(f"worker {self.label}: {reply['error']}")
-        return reply
-
-    def ask(self, **command: Any) -> dict[str, Any]:
-        assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(command) + "\n")
-        self.process.stdin.flush()
-        return self.read()
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            with contextlib.suppress(BrokenPipeError, OSError):
-                assert self.process.stdin is not None
-                self.process.stdin.write(json.dumps({"cmd": "quit"}) + "\n")
-                self.process.stdin.flush()
-            try:
-                self.process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self._log.close()
-
-
-def run_trainer_comparison(args: argparse.Namespace, env: dict[str, str]) -> dict[str, Any]:
-    trl_python = ROOT / ".envs" / "trl" / "bin" / "python"
-    if not trl_python.exists():
-        raise SystemExit("TRL 1.12's environment is missing: python tools/thirdparty_envs.py trl")
-    logs = LOGS
-    logs.mkdir(parents=True, exist_ok=True)
-    log(f"worker logs in {logs}")
-    python = str(main_python())
-    started = time.perf_counter()
-    workers = {
-        "ppo_ref": Worker(
-            "ppo_ref", [python, "-m", "bench.ppo_ref_side", "--serve"], env, logs / "ppo_ref.log"
-        ),
-        "trl": Worker(
-            "trl", [str(trl_python), "-m", "bench.trl_iteration", "--serve"], env, logs / "trl.log"
-        ),
-    }
-    try:
-        ready = {name: w.read() for name, w in workers.items()}
-        log(f"workers ready after {time.perf_counter() - started:.0f} s")
-        warmup = {name: workers[name].ask(cmd="iterations", n=args.warmup)["seconds"] for name in workers}
-        # The trainer's own peak memory, before the bare-compute measurements share its process.
-        peak_trainer_only = workers["ppo_ref"].ask(cmd="info")["peak_rss_bytes"]
-        warmup["bare"] = [workers["ppo_ref"].ask(cmd="bare", repeats=1)["bare"]]
-        rounds = []
-        for index in range(args.rounds):
-            order = ["ppo_ref", "bare", "trl"] if index % 2 == 0 else ["trl", "bare", "ppo_ref"]
-            record: dict[str, Any] = {"order": order, "loadavg_1min": os.getloadavg()[0]}
-            for name in order:
-                if name == "bare":
-                    record["bare"] = workers["ppo_ref"].ask(cmd="bare", repeats=1)
-                else:
-                    reply = workers[name].ask(cmd="iterations", n=args.block)
-                    record[name], record[f"{name}_cpu"] = reply["seconds"], reply["cpu_seconds"]
-            ours, theirs = statistics.median(record["ppo_ref"]), statistics.median(record["trl"])
-            record["ratio_trl_over_ppo_ref"] = theirs / ours
-            record["overhead"] = ours / record["bare"]["bare"]
-            record["trl_over_bare"] = theirs / record["bare"]["bare"]
-            # The same ratios in process CPU seconds, which other jobs' load disturbs less than wall time.
-            ours_cpu, theirs_cpu = (
-                statistics.median(record["ppo_ref_cpu"]),
-                statistics.median(record["trl_cpu"]),
-            )
-            record["ratio_cpu"] = theirs_cpu / ours_cpu
-            record["overhead_cpu"] = ours_cpu / record["bare"]["bare_cpu"]
-            rounds.append(record)
-            log(
-                f"round {index + 1}/{args.rounds}: ppo-ref {ours:.3f} s, TRL {theirs:.3f} s, bare "
-                f"{record['bare']['bare']:.3f} s: ratio {record['ratio_trl_over_ppo_ref']:.2f}x, overhead "
-                f"{record['overhead']:.2f}x (CPU seconds: ratio {record['ratio_cpu']:.2f}x, overhead "
-                f"{record['overhead_cpu']:.2f}x), load {record['loadavg_1min']:.1f}"
-            )
-        infos = {name: w.ask(cmd="info", skip=args.warmup) for name, w in workers.items()}
-        profile = workers["ppo_ref"].ask(cmd="profile", n=args.profile_iterations)
-    finally:
-        for worker in workers.values():
-            worker.close()
-    return {
-        "ready": ready,
-        "warmup_seconds": warmup,
-        "rounds": rounds,
-        "block": args.block,
-        "profile": profile,
-        "info": infos,
-        "peak_rss_trainer_only": peak_trainer_only,
-        "wall_seconds": time.perf_counter() - started,
-    }
-
-
-def run_grpo_comparison(args: argparse.Namespace, env: dict[str, str], beta: float) -> dict[str, Any]:
-    """ppo-ref's critic-free (GRPO) iteration against TRL 1.16's ``GRPOTrainer`` at ``beta``
-    (:mod:`bench.tiny_grpo`), with the bare model work in a third process; each round runs a block
-    of iterations of each worker, in an order that rotates, so load from other jobs hits all alike."""
-    trl_python = ROOT / ".envs" / "trl116" / "bin" / "python"
-    if not trl_python.exists():
-        raise SystemExit("TRL 1.16's environment is missing: python tools/thirdparty_envs.py trl116")
-    LOGS.mkdir(parents=True, exist_ok=True)
-    python = str(main_python())
-    started = time.perf_counter()
-    tag = f"beta{beta:g}"
-    workers = {
-        "ppo_ref": Worker(
-            "ppo_ref",
-            [python, "-m", "bench.grpo_side", "--serve", "trainer", "--beta", str(beta)],
-            env,
-            LOGS / f"grpo-ppo_ref-{tag}.log",
-        ),
-        "trl": Worker(
-            "trl",
-            [str(trl_python), "-m", "bench.trl_grpo_iteration", "--serve", "--beta", str(beta)],
-            env,
-            LOGS / f"grpo-trl-{tag}.log",
-        ),
-        "bare": Worker(
-            "bare",
-            [python, "-m", "bench.grpo_side", "--serve", "bare", "--beta", str(beta)],
-            env,
-            LOGS / f"grpo-bare-{tag}.log",
-        ),
-    }
-    try:
-        ready = {name: w.read() for name, w in workers.items()}
-        log(f"GRPO beta={beta:g}: workers ready after {time.perf_counter() - started:.0f} s")
-        warmup: dict[str, Any] = {
-            name: workers[name].ask(cmd="iterations", n=args.warmup)["seconds"] for name in ("ppo_ref", "trl")
-        }
-        warmup["bare"] = [workers["bare"].ask(cmd="bare", repeats=1)["bare"]]
-        orders = [["ppo_ref", "bare", "trl"], ["trl", "ppo_ref", "bare"], ["bare", "trl", "ppo_ref"]]
-        rounds = []
-        for index in range(args.rounds):
-            order = orders[index % 3] if index % 2 == 0 else list(reversed(orders[index % 3]))
-            record: dict[str, Any] = {"order": order, "loadavg_1min": os.getloadavg()[0]}
-            for name in order:
-                if name == "bare":
-                    record["bare"] = workers["bare"].ask(cmd="bare", repeats=1)
-                else:
-                    reply = workers[name].ask(cmd="iterations", n=args.block)
-                    record[name], record[f"{name}_cpu"] = reply["seconds"], reply["cpu_seconds"]
-            ours, theirs = statistics.median(record["ppo_ref"]), statistics.median(record["trl"])
-            bare = record["bare"]
-            record["ratio_trl_over_ppo_ref"] = theirs / ours
-            record["ppo_ref_over_bare"] = ours / bare["bare"]
-            record["ppo_ref_over_bare_own"] = ours / bare["bare_own"]
-            record["trl_over_bare"] = theirs / bare["bare"]
-            ours_cpu, theirs_cpu = (
-                statistics.median(record["ppo_ref_cpu"]),
-                statistics.median(record["trl_cpu"]),
-            )
-            record["ratio_cpu"] = theirs_cpu / ours_cpu
-            record["ppo_ref_over_bare_cpu"] = ours_cpu / bare["bare_cpu"]
-            record["ppo_ref_over_bare_own_cpu"] = ours_cpu / bare["bare_own_cpu"]
-            record["trl_over_bare_cpu"] = theirs_cpu / bare["bare_cpu"]
-            rounds.append(record)
-            log(
-                f"GRPO beta={beta:g} round {index + 1}/{args.rounds}: ppo-ref {ours:.3f} s, "
-                f"TRL {theirs:.3f} s, "
-                f"bare {bare['bare']:.3f} s (generate {bare['generate']:.3f}, ppo-ref's sampler "
-                f"{bare['generate_own']:.3f}): TRL/ppo-ref {record['ratio_trl_over_ppo_ref']:.2f}x, "
-                f"ppo-ref/bare {record['ppo_ref_over_bare']:.2f}x, TRL/bare {record['trl_over_bare']:.2f}x; "
-                f"CPU seconds: TRL/ppo-ref {record['ratio_cpu']:.2f}x, ppo-ref/bare "
-                f"{record['ppo_ref_over_bare_cpu']:.2f}x, TRL/bare {record['trl_over_bare_cpu']:.2f}x; "
-                f"load {record['loadavg_1min']:.1f}"
-            )
-        infos = {name: w.ask(cmd="info", skip=args.warmup) for name, w in workers.items()}
-    finally:
-        for worker in workers.values():
-            worker.close()
-    return {
-        "beta": beta,
-        "ready": ready,
-        "warmup_seconds": warmup,
-        "rounds": rounds,
-        "block": args.block,
-        "info": infos,
-        "wall_seconds": time.perf_counter() - started,
-    }
 
 
 LARGE_SHAPES = "B256-T2048 or V150k"
@@ -626,12 +420,15 @@ def main(argv: list[str] | None = None) -> int:
                     impls[name] = python
         if "trainer" in parts:
             log(f"trainer vs TRL: {args.rounds} rounds of {args.block} iterations each")
-            run["trainer"] = run_trainer_comparison(args, env)
+            run["trainer"] = trainer_rounds.run_trainer_comparison(args, env, main_python(), LOGS, log)
             run["loadavg_after_trainer"] = os.getloadavg()
         if "grpo" in parts:
             log(f"GRPO vs TRL 1.16: {args.rounds} rounds of {args.block} iterations each, betas {args.betas}")
             run["grpo"] = [
-                {**run_grpo_comparison(args, env, beta), "repeat": repeat}
+                {
+                    **trainer_rounds.run_grpo_comparison(args, env, beta, main_python(), LOGS, log),
+                    "repeat": repeat,
+                }
                 for repeat in range(args.repeat)
                 for beta in args.betas
             ]

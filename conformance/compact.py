@@ -11,8 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .inference import MATCH
+from .kinds import clause_kind
 from .records import TestRecord
-from .support import clause_kind
 
 __all__ = ["KIND_SEVERITY", "compact_summary", "counted", "isolation", "undeclared_conventions"]
 

@@ -20,9 +20,10 @@ import pytest
 from .cases import spec_clauses
 from .compact import KIND_SEVERITY, compact_summary, counted, isolation, undeclared_conventions
 from .inference import Inference
+from .kinds import CONTRACT, KINDS, clause_kind
 from .records import SUITE_DIR, ParsedFailure, TestRecord, failure_lines, parse_failure, suite_test_id
 from .report_markdown import render_markdown
-from .support import CONTRACT, KINDS, Context, clause_kind
+from .support import Context
 from .verdicts import VERDICTS, build_report
 
 __all__ = [

@@ -39,8 +39,9 @@ from ppo_ref.adapters.conventions import describe
 
 from .cases import SPEC_VERSION, spec_clauses
 from .inference import MATCH, Inference
+from .kinds import CONTRACT, KINDS, clause_kind
 from .records import TestRecord
-from .support import CONTRACT, KINDS, Context, clause_kind
+from .support import Context
 
 __all__ = ["VERDICTS", "build_report"]
 

@@ -18,7 +18,7 @@ machine), in interleaved rounds so that a change in the machine's own load hits 
   between the two.
 
 Writes ``bench/results/thread-policy.json`` (every run's wall time, the load averages) and prints
-the medians and the ratios; ``bench/results_report.py`` renders the section of ``bench/RESULTS.md``.
+the medians and the ratios; ``bench/results_threads.py`` renders the section of ``bench/RESULTS.md``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 copy-pasteable reproductions of a failing call.
 
 The suite judges an implementation only through its adapter's ops and attributes. Each check calls
-an op of the adapter and the same op of :class:`ppo_ref.adapters.ReferenceVariant` (the reference
+an op of the adapter and the same op of :class:`conformance.variant.ReferenceVariant` (the reference
 with the adapter's declared conventions applied) on the same inputs and compares the results.
 
 Three declared conventions change how results are compared rather than what they must be:
@@ -39,11 +39,12 @@ from hypothesis import Phase, currently_in_test_context, note, reject, settings
 from torch import Tensor
 
 import ppo_ref
-from ppo_ref.adapters import OP_NAMES, Adapter, ConventionSet, ReferenceVariant
+from ppo_ref.adapters import OP_NAMES, Adapter, ConventionSet
 from ppo_ref.adapters.conventions import MASKED_OUTPUT_OPS, with_value_slot
 
 from .cases import Case, decode_inputs
 from .strategies import tensor_code
+from .variant import ReferenceVariant
 
 __all__ = [
     "FLOAT32_COMPUTE_TOLERANCE",
@@ -596,7 +597,8 @@ def repro_code(impl: str, op: str, args: tuple[object, ...], kwargs: Mapping[str
     lines = [
         "# --- reproduction (paste into python in the repository root) ---",
         "import torch",
-        "from ppo_ref.adapters import ReferenceVariant, get_adapter, parse_conventions",
+        "from ppo_ref.adapters import get_adapter, parse_conventions",
+        f"from {__package__}.variant import ReferenceVariant",
         f"impl = get_adapter({impl!r})",
         "reference = ReferenceVariant(parse_conventions(impl.conventions))",
     ]

@@ -4,9 +4,12 @@ The report lists, under each clause, the declared conventions that change its ex
 narrow what it checks (:meth:`~.convention_set.ConventionSet.clauses`). Each catalogue entry
 (:mod:`.catalogue`) gives its key a function from the normalised value to those clause ids; the
 functions and the per-op and per-option maps they read are here. :data:`OP_CLAUSES` is derived
-from the op registry (:data:`ppo_ref.ops.OPS`); the other maps name the clauses whose tests carry
-the matching ``ops``/``needs`` markers in ``conformance/`` (``tests/test_convention_clauses.py``
-checks them against those markers).
+from the op registry (:data:`ppo_ref.ops.OPS`). The others restate, as a chosen subset, what the
+suite's ``clause`` and ``needs`` markers say (``conformance/``); they are not derived from them,
+because the math and the adapters never import the suite and the report lists a missing option
+under the clause that checks it only. ``tests/test_convention_clauses.py`` checks the narrowing
+keys' maps against the markers: each clause named for a missing option is a clause of a test that
+needs that option.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ PREFIX_MASK_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "value_loss": ("VF-1", "VF-2"),
     }
 )
+"""Op -> the clauses a ``prefix_masks`` declaration for it touches (they draw hole-free masks)."""
 OFF_MASK_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "masked_whiten": ("MASK-3", "RPP-1", "RPP-2"),
@@ -58,6 +62,8 @@ OFF_MASK_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "rollout_correction": ("IS-3",),
     }
 )
+"""Op -> the clauses an ``off_mask_outputs`` declaration for it touches (its outputs off the mask
+are not compared)."""
 AGGREGATION_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "token-mean": ("PG-2",),
@@ -66,6 +72,7 @@ AGGREGATION_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "seq-mean-token-sum-norm": ("AGG-1",),
     }
 )
+"""Loss aggregation -> the clause reported when ``loss_aggregations`` leaves it out."""
 OPTION_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         "clip_eps_high": ("CLIP-1", "CLIP-3"),
@@ -73,18 +80,22 @@ OPTION_CLAUSES: Mapping[str, tuple[str, ...]] = MappingProxyType(
         "counts": ("AGG-1", "AGG-2", "AGG-3"),
     }
 )
+"""``policy_loss`` option -> the clauses reported when ``policy_loss_options`` leaves it out."""
 
 
 def static(*clause_ids: str) -> Callable[[object], tuple[str, ...]]:
+    """The same clauses whatever the value (a key that changes one formula)."""
     return lambda _value: clause_ids
 
 
 def kl_clauses(estimators: object) -> tuple[str, ...]:
+    """KL-n of each estimator named (k1 -> KL-1, ...), and RWD-1, whose rewards carry the KL."""
     names = estimators if isinstance(estimators, Iterable) else ()
     return (*(f"KL-{KL_ESTIMATORS.index(k) + 1}" for k in sorted(names)), "RWD-1")
 
 
 def statistic_clauses(statistics: object) -> tuple[str, ...]:
+    """``unmasked_statistics``: the clause of each statistic named (PG-3, PG-5), and IN-1."""
     names = statistics if isinstance(statistics, Iterable) else ()
     by_name = {"clipfrac": "PG-3", "approx_kl": "PG-5"}
     return (*(by_name[s] for s in sorted(names)), "IN-1")
@@ -109,15 +120,18 @@ def masked_fill_clauses(value: object) -> tuple[str, ...]:
 
 
 def prefix_mask_clauses(value: object) -> tuple[str, ...]:
+    """``prefix_masks``: the hole checks (:data:`PREFIX_MASK_CLAUSES`) of the ops named."""
     ops = value if isinstance(value, Iterable) and not isinstance(value, str) else ()
     return tuple(dict.fromkeys(c for op in OP_NAMES if op in ops for c in PREFIX_MASK_CLAUSES.get(op, ())))
 
 
 def compute_dtype_clauses(value: object) -> tuple[str, ...]:
+    """``compute_dtype``: every clause of the ops declared computed in float32."""
     ops = float32_ops(value)
     return tuple(dict.fromkeys(c for op in OP_NAMES if op in ops for c in OP_CLAUSES.get(op, ())))
 
 
 def off_mask_clauses(value: object) -> tuple[str, ...]:
+    """``off_mask_outputs``: the off-mask checks (:data:`OFF_MASK_CLAUSES`) of the ops named."""
     ops = value if isinstance(value, Iterable) and not isinstance(value, str) else ()
     return tuple(dict.fromkeys(c for op in MASKED_OUTPUT_OPS if op in ops for c in OFF_MASK_CLAUSES[op]))

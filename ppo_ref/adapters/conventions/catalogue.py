@@ -3,8 +3,9 @@
 Each :class:`Convention` entry of :data:`CONVENTIONS` holds one key's reference value (written
 once: the :class:`~.convention_set.ConventionSet` defaults read it), what it may be declared as,
 what it means, the libraries and functions that do it (``seen_in``), its value parser
-(:mod:`.parsing`) and the clauses it touches (:mod:`.clauses`). Adding a key adds one entry here
-and one field to :class:`~.convention_set.ConventionSet`.
+(:mod:`.parsing`) and the clauses it touches (:mod:`.clauses`). Adding a key adds one entry here,
+one field to :class:`~.convention_set.ConventionSet` and, for a key that changes expected values,
+its effect in the suite's ``conformance/variant.py``.
 """
 
 from __future__ import annotations

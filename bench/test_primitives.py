@@ -22,7 +22,8 @@ import torch
 from torch import Tensor
 
 from bench.conftest import require
-from ppo_ref.adapters import ReferenceVariant, parse_conventions
+from conformance.variant import ReferenceVariant
+from ppo_ref.adapters import parse_conventions
 from ppo_ref.adapters.base import Adapter
 
 BT_SHAPES = [(16, 128), (16, 2048), (256, 128), (256, 2048)]

@@ -31,7 +31,6 @@ import pytest
 from ppo_ref.adapters import (
     AdapterLoadError,
     ConventionSet,
-    ReferenceVariant,
     UnknownAdapterError,
     contract_problems,
     convention_problems,
@@ -54,6 +53,7 @@ from .support import (
     drawn_inputs,
     edge_clause,
 )
+from .variant import ReferenceVariant
 
 # Registered at import, before Hypothesis' plugin reads --hypothesis-profile in pytest_configure.
 register_profiles()

@@ -35,12 +35,13 @@ from typing import Any
 import pytest
 from hypothesis import settings
 
-from ppo_ref.adapters import Adapter, ConventionSet, ReferenceVariant
+from ppo_ref.adapters import Adapter, ConventionSet
 from ppo_ref.adapters.conventions import CONVENTIONS, INFERABLE, OP_CLAUSES, declaration
 
 from . import support
 from .strategies import declared_inputs
 from .support import Context, compared_adapter
+from .variant import ReferenceVariant
 
 __all__ = ["CHECK_EXAMPLES", "Alternative", "Inference", "Match", "Suggestion", "inferable_clause"]
 

@@ -4,7 +4,7 @@ reproduction of the call noted for Hypothesis), the rule for unreported statisti
 Hypothesis settings of each property (:func:`examples`).
 
 The suite judges an implementation only through its adapter's ops and attributes. Each check calls
-an op of the adapter and the same op of :class:`ppo_ref.adapters.ReferenceVariant` (the reference
+an op of the adapter and the same op of :class:`conformance.variant.ReferenceVariant` (the reference
 with the adapter's declared conventions applied) on the same inputs and compares the results.
 
 Three declared conventions change how results are compared rather than what they must be:
@@ -39,7 +39,7 @@ import torch
 from hypothesis import Phase, currently_in_test_context, note, reject, settings
 from torch import Tensor
 
-from ppo_ref.adapters import Adapter, ConventionSet, ReferenceVariant
+from ppo_ref.adapters import Adapter, ConventionSet
 
 from .compared import ComparedAdapter, compared_adapter
 from .kinds import (
@@ -70,6 +70,7 @@ from .precision import (
     whitening_scale,
 )
 from .strategies import tensor_code
+from .variant import ReferenceVariant
 
 __all__ = [
     "CONTRACT",
@@ -233,7 +234,8 @@ def repro_code(impl: str, op: str, args: tuple[object, ...], kwargs: Mapping[str
     lines = [
         "# --- reproduction (paste into python in the repository root) ---",
         "import torch",
-        "from ppo_ref.adapters import ReferenceVariant, get_adapter, parse_conventions",
+        "from ppo_ref.adapters import get_adapter, parse_conventions",
+        f"from {__package__}.variant import ReferenceVariant",
         f"impl = get_adapter({impl!r})",
         "reference = ReferenceVariant(parse_conventions(impl.conventions))",
     ]

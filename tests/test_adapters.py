@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import ppo_ref
+from conformance.variant import ReferenceVariant
 from ppo_ref.adapters import (
     BUILTIN_ADAPTERS,
     CONVENTIONS,
@@ -23,7 +24,6 @@ from ppo_ref.adapters import (
     ConventionError,
     ConventionSet,
     ReferenceAdapter,
-    ReferenceVariant,
     UnknownAdapterError,
     available_adapters,
     contract_problems,

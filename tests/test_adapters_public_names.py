@@ -29,7 +29,7 @@ def _math_imports(path: Path) -> list[tuple[str, str]]:
 
 
 def test_the_adapters_are_found() -> None:
-    assert {"reference.py", "conventions.py", "trl.py", "verl.py"} <= {path.name for path in FILES}
+    assert {"reference.py", "catalogue.py", "trl.py", "verl.py"} <= {path.name for path in FILES}
 
 
 @pytest.mark.parametrize("path", FILES, ids=[str(path.relative_to(ADAPTERS)) for path in FILES])

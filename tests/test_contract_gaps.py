@@ -15,7 +15,8 @@ import ppo_ref
 from conformance import support
 from conformance.cases import Case
 from conformance.report import failure_lines
-from ppo_ref.adapters import ReferenceAdapter, ReferenceVariant, convention_problems, parse_conventions
+from conformance.variant import ReferenceVariant
+from ppo_ref.adapters import ReferenceAdapter, convention_problems, parse_conventions
 
 F64 = torch.float64
 

@@ -21,7 +21,8 @@ from torch import Tensor
 
 import ppo_ref
 from conformance import strategies as cs
-from ppo_ref.adapters import ReferenceVariant, parse_conventions
+from conformance.variant import ReferenceVariant
+from ppo_ref.adapters import parse_conventions
 from ppo_ref.adapters.conventions import singleton_rows
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ppo_ref.adapters import ReferenceVariant, parse_conventions
+from conformance.variant import ReferenceVariant
+from ppo_ref.adapters import parse_conventions
 from ppo_ref.adapters.conventions import ConventionError, constant_group_bound, singleton_rule
 
 

@@ -1,4 +1,4 @@
-"""The import graph of ``ppo_ref/`` has no circle (issue 12).
+"""The import graph of ``ppo_ref/`` has no circle (issue 12) and never reaches the suite (issue 25).
 
 Every ``import`` and ``from ... import`` statement counts, wherever it is: at module level, inside
 ``if TYPE_CHECKING:``, or inside a function (a circle through a deferred import is still a circle
@@ -99,3 +99,38 @@ def test_a_circle_is_found() -> None:
 def test_ppo_ref_has_no_import_circle() -> None:
     cycles = find_cycles(import_graph())
     assert cycles == [], "import circles in ppo_ref/: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+SUITE_PACKAGES = ("conformance", "ppo_ref_conformance")
+"""The conformance suite, in the checkout and as installed from the wheel."""
+
+
+def suite_imports(source: str) -> list[str]:
+    """The modules of the conformance suite that ``source`` imports, wherever the statement is."""
+    names: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.append(node.module)
+    return [name for name in names if name.split(".")[0] in SUITE_PACKAGES]
+
+
+def test_a_suite_import_is_found() -> None:
+    source = "import torch\ndef f():\n    from conformance.variant import ReferenceVariant\n"
+    assert suite_imports(source + "import ppo_ref_conformance\n") == [
+        "ppo_ref_conformance",
+        "conformance.variant",
+    ]
+    assert suite_imports("import conformance_tools\nfrom ppo_ref.conformance import x\n") == []
+
+
+def test_ppo_ref_never_imports_the_suite() -> None:
+    """Dependencies point one way: the suite (its expected side, ``conformance.variant``, included)
+    imports the math and the adapters, never the reverse (issue 25)."""
+    found = {
+        str(path.relative_to(ROOT.parent)): names
+        for path in sorted(ROOT.rglob("*.py"))
+        if (names := suite_imports(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}, f"ppo_ref/ imports the conformance suite: {found}"

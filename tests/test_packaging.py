@@ -89,7 +89,10 @@ def test_the_suite_and_the_math_import_nothing_of_the_trainer_at_module_level() 
     and the math: their module-level imports name none of the trainer's packages, nor the trainer
     or the tasks (which import them). tests/test_wheel_install.py runs the suite so installed."""
     files = [*(ROOT / "conformance").glob("*.py"), *(ROOT / "ppo_ref").glob("*.py")]
-    files += [*(ROOT / "ppo_ref" / "adapters").glob("*.py")]
+    files += [
+        *(ROOT / "ppo_ref" / "adapters").glob("*.py"),
+        *(ROOT / "ppo_ref" / "adapters" / "conventions").glob("*.py"),
+    ]
     files.remove(ROOT / "ppo_ref" / "cli.py")  # the command: it checks for the extra first
     assert len(files) > 40
     for path in files:

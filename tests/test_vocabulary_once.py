@@ -52,7 +52,7 @@ ALLOWED = {
         ("sequence", "sequence-geometric"),
     ): "IS-2: the sequence levels",
     ("conformance/test_kl.py", ("k1", "k3")): "KL-1: the estimators unbiased for KL(pi||ref)",
-    ("ppo_ref/adapters/conventions.py", ("k1", "neg-k1", "k2")): "approx_kl inference candidates",
+    ("ppo_ref/adapters/conventions/inferable.py", ("k1", "neg-k1", "k2")): "approx_kl inference candidates",
     ("bench/family/cases.py", ("k3", "k3+")): "the KL-loss estimators GRPO trainers use, benchmarked",
     ("bench/family/openrlhf.py", ("token-mean", "seq-mean-token-mean")): "the modes OpenRLHF's side has",
 }

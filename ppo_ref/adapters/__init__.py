@@ -14,7 +14,6 @@ from ppo_ref.adapters.conventions import (
     CONVENTIONS,
     ConventionError,
     ConventionSet,
-    ReferenceVariant,
     convention_problems,
     parse_conventions,
 )
@@ -56,7 +55,6 @@ __all__ = [
     "LocatedBlock",
     "PolicyLossOutput",
     "ReferenceAdapter",
-    "ReferenceVariant",
     "UnknownAdapterError",
     "available_adapters",
     "block_digest",

@@ -120,9 +120,19 @@ DECLARED = (
 
 
 def draws(strategy: st.SearchStrategy[Any], declared: Declared, check: Callable[[Any], None]) -> None:
-    """Draw ``EXAMPLES`` values of ``strategy`` inside ``declared``'s block and check each."""
+    """Draw ``EXAMPLES`` values of ``strategy`` inside ``declared``'s block and check each.
 
-    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    Derandomized whatever the profile: the features required of a run (:meth:`Seen.require`) are
+    common but not certain in 25 random draws (under ``thorough``, about one run in six missed one
+    somewhere among the meta-tests), so a run is the same on every machine and every profile."""
+
+    @settings(
+        max_examples=EXAMPLES,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(data=st.data())
     def run(data: st.DataObject) -> None:
         with declared.block():
@@ -362,8 +372,9 @@ def test_reward_batches(declared: Declared) -> None:
     seen.require(*required(declared))
 
 
+@pytest.mark.parametrize("with_mask", [True, None])
 @pytest.mark.parametrize("declared", DECLARED, ids=lambda d: d.name)
-def test_kl_batches(declared: Declared) -> None:
+def test_kl_batches(declared: Declared, with_mask: bool | None) -> None:
     seen = Seen()
 
     def check(b: cs.KLBatch) -> None:
@@ -378,8 +389,11 @@ def test_kl_batches(declared: Declared) -> None:
             check_bundle(b, declared, seen)
             _log_ratios(b.logp, b.ref_logp, b.mask, cs.LOG_RATIO_MAX)
 
-    draws(cs.kl_batches(), declared, check)
-    seen.require(*required(declared), "no mask")
+    draws(cs.kl_batches(with_mask=with_mask), declared, check)
+    if with_mask:  # the masks' features; None: half the draws have no mask, so only that is required
+        seen.require(*required(declared))
+    else:
+        seen.require("no mask", "padding")
 
 
 @pytest.mark.parametrize("declared", DECLARED, ids=lambda d: d.name)

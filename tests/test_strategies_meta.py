@@ -119,8 +119,9 @@ DECLARED = (
 )
 
 
-def draws(strategy: st.SearchStrategy[Any], declared: Declared, check: Callable[[Any], None]) -> None:
-    """Draw ``EXAMPLES`` values of ``strategy`` inside ``declared``'s block and check each.
+def draws(strategy: st.SearchStrategy[Any], declared: Declared | None, check: Callable[[Any], None]) -> None:
+    """Draw ``EXAMPLES`` values of ``strategy`` inside ``declared``'s block (None: in no block) and
+    check each.
 
     Derandomized whatever the profile: the features required of a run (:meth:`Seen.require`) are
     common but not certain in 25 random draws (under ``thorough``, about one run in six missed one
@@ -135,7 +136,7 @@ def draws(strategy: st.SearchStrategy[Any], declared: Declared, check: Callable[
     )
     @given(data=st.data())
     def run(data: st.DataObject) -> None:
-        with declared.block():
+        with declared.block() if declared else contextlib.nullcontext():
             value = data.draw(strategy)
         check(value)
 
@@ -164,16 +165,23 @@ def check_mask(
     keep = (mask != 0).tolist()
     assert sum(map(sum, keep)) >= min_tokens
     steps = mask.shape[1]
+    lengths = set()
     for row in keep:
         length = max((column + 1 for column, on in enumerate(row) if on), default=0)
-        if length < steps:
-            seen.add("padding")
+        if 0 < length < steps:
+            seen.add("padding")  # after an action token: an empty row is not a padded one
+        if sum(row) == 1:
+            seen.add("single")
+        if length:
+            lengths.add(length)
         if not all(row[:length]):
             seen.add("holes")
             assert declared.holes, f"a hole although holes are declared off: {row}"
         if length == 0:
             seen.add("empty")
             assert empty_rows and declared.empty_rows, f"a row without an action token: {keep}"
+    if len(lengths) > 1:
+        seen.add("unequal")
 
 
 def check_fill(
@@ -280,8 +288,9 @@ def check_bundle(
 
 
 def required(declared: Declared, *, empty_rows: bool = True, junk: bool | None = None) -> tuple[str, ...]:
-    """The features a run of a bundle strategy must show under ``declared``."""
-    features = ["padding"]
+    """The features a run of a bundle strategy must show under ``declared``: right padding after an
+    action token, single-token rows, rows of unequal length, holes, empty rows and junk where allowed."""
+    features = ["padding", "single", "unequal"]
     if declared.holes:
         features.append("holes")
     if declared.empty_rows and empty_rows:
@@ -831,3 +840,33 @@ def test_whole_batch_counts() -> None:
     assert cs.whole_batch_counts(mask, "token-mean") == {"token_count": 3}
     assert cs.whole_batch_counts(mask, "seq-mean-token-sum-norm") == {"row_count": 3}
     assert cs.whole_batch_counts(mask, "seq-mean-token-mean") == {"row_count": 2}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"masked_fill": "nan"}, "masked_fill"),
+        ({"masked_fill": math.inf}, "masked_fill"),
+        ({"masked_fill": True}, "masked_fill"),
+        ({"holes": 0}, "holes"),
+        ({"empty_rows": None}, "empty_rows"),
+        ({"inf_logits": "no"}, "inf_logits"),
+    ],
+)
+def test_declared_inputs_rejects_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match), cs.declared_inputs(**kwargs):
+        pass
+
+
+def test_declared_inputs_holds_inside_its_block_only() -> None:
+    """Draws made inside a block (here outside the harness' own block) obey it; after the block,
+    left normally or by an exception, every edge input is drawn again."""
+    off, inside, after = Declared("off", holes=False, empty_rows=False), Seen(), Seen()
+    masks = cs.masks((4, 6), empty_rows=True, min_tokens=0)
+    with cs.declared_inputs(holes=False, empty_rows=False):
+        draws(masks, None, lambda mask: check_mask(mask, off, inside, empty_rows=True, min_tokens=0))
+    with pytest.raises(RuntimeError), cs.declared_inputs(holes=False, empty_rows=False):
+        raise RuntimeError
+    draws(masks, None, lambda mask: check_mask(mask, DECLARED[0], after, empty_rows=True, min_tokens=0))
+    inside.require("padding")
+    after.require("holes", "empty")

@@ -38,6 +38,12 @@ def test_the_wheel_lists_every_package_of_ppo_ref_and_maps_the_suite_to_ppo_ref_
         ".".join(init.parent.relative_to(ROOT).parts) for init in (ROOT / "ppo_ref").rglob("__init__.py")
     }
     assert on_disk - packages == set(), "packages under ppo_ref/ that the wheel would leave out"
+    suite = {
+        ".".join(("ppo_ref_conformance", *init.parent.relative_to(ROOT / "conformance").parts))
+        for init in (ROOT / "conformance").rglob("__init__.py")
+    }
+    assert "ppo_ref_conformance.strategies" in suite  # a subpackage: the rglob looks below the top
+    assert suite - packages == set(), "packages under conformance/ that the wheel would leave out"
     assert "conformance" not in packages and not any(p.startswith("conformance.") for p in packages)
     assert setuptools["package-dir"]["ppo_ref_conformance"] == "conformance"
     assert setuptools["package-dir"]["ppo_ref_conformance.spec"] == "spec"
@@ -88,7 +94,7 @@ def test_the_suite_and_the_math_import_nothing_of_the_trainer_at_module_level() 
     """The suite-only install (no extra ``trainer``) can import the suite, the adapters' registry
     and the math: their module-level imports name none of the trainer's packages, nor the trainer
     or the tasks (which import them). tests/test_wheel_install.py runs the suite so installed."""
-    files = [*(ROOT / "conformance").glob("*.py"), *(ROOT / "ppo_ref").glob("*.py")]
+    files = [*(ROOT / "conformance").rglob("*.py"), *(ROOT / "ppo_ref").glob("*.py")]
     files += [
         *(ROOT / "ppo_ref" / "adapters").glob("*.py"),
         *(ROOT / "ppo_ref" / "adapters" / "conventions").glob("*.py"),

@@ -110,6 +110,12 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_suite_and_writes_the_
     assert shipped_cases == {path.name for path in CASES_DIR.glob("*.json")}
     assert "ppo_ref_conformance/spec/SPEC.md" in names and "ppo_ref_conformance/spec/CHANGELOG.md" in names
     assert "ppo_ref_conformance/plugin.py" in names and "ppo_ref_conformance/api.py" in names
+    suite = {
+        f"ppo_ref_conformance/{p.relative_to(source / 'conformance').as_posix()}"
+        for p in (source / "conformance").rglob("*.py")
+    }
+    assert "ppo_ref_conformance/strategies/__init__.py" in suite
+    assert suite - set(names) == set(), "modules of the suite (subpackages included) the wheel leaves out"
     assert "[pytest11]\nppo_ref_conformance = ppo_ref_conformance.plugin" in entry_points.decode()
 
     # A fresh environment, with the README's lines: torch first (the CPU build; this machine's pip

@@ -181,8 +181,8 @@ class RlinfStep:
     micro_batch_local = MICRO_BATCH_LOCAL
     accumulation_setting = (
         "actor.micro_batch_size (the runner's micro-batches: FSDPActor.training_step splits the batch "
-        "with _split_to_micro_batch, divides each micro-batch's loss by gradient_accumulation, one "
-        "backward each, one optimizer_step)"
+        "with _split_to_micro_batch, divides each micro-batch's loss by gradient_accumulation "
+        "(rlinf/workers/actor/fsdp_actor_worker.py:819), one backward each, one optimizer_step)"
     )
     provenance = (
         "rlinf.workers.actor.fsdp_actor_worker.FSDPActor (reasoning; FSDP2 over a gloo group of one, fp32): "

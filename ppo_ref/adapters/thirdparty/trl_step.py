@@ -432,6 +432,17 @@ class TrlPpoStep:
         """STEP-6: :meth:`run` with ``micro_batches = accumulation_steps`` as a user's ``train()`` runs it,
         accelerate's ``sync_with_dataloader`` on (``PPOTrainer``'s own ``Accelerator``); its
         ``optimizer_steps`` counts the steps accelerate let the optimizer take in the mini-batch."""
+        if not isinstance(batch, StepBatch):
+            raise ValueError(f"batch: expected a StepBatch, got {type(batch).__name__}")
+        if (
+            isinstance(accumulation_steps, bool)
+            or not isinstance(accumulation_steps, int)
+            or accumulation_steps < 1
+            or batch.size % accumulation_steps
+        ):
+            raise ValueError(
+                f"accumulation_steps: expected a divisor of {batch.size}, got {accumulation_steps!r}"
+            )
         as_users_run_it = TrlPpoStep(self.seed, sync_with_dataloader=True)
         return as_users_run_it.run(batch, loss_mode=loss_mode, micro_batches=accumulation_steps)
 

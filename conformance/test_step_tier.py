@@ -65,7 +65,7 @@ def runner(ctx: Context) -> StepRunner:
     except ModuleNotFoundError as error:  # a built-in runner whose library or extra is not installed
         pytest.skip(f"not provided: adapter {ctx.impl!r}'s trainer-step runner cannot run here: {error}")
     if found is None:
-        pytest.skip(f"not provided: adapter {ctx.impl!r} has no trainer-step runner (spec STEP-1..5)")
+        pytest.skip(f"not provided: adapter {ctx.impl!r} has no trainer-step runner (spec STEP-1..6)")
     return found
 
 

@@ -1,4 +1,4 @@
-"""The trainer-step tier (spec STEP-1..5): one optimisation step of the library's own training code.
+"""The trainer-step tier (spec STEP-1..6): one optimisation step of the library's own training code.
 
 Runs only for an adapter with a step runner (:func:`ppo_ref.adapters.step.step_runner`: its
 ``step`` attribute or the built-in runner of its name); otherwise every test here is skipped as
@@ -13,7 +13,10 @@ applied to every row's expected reward and shown with the verdict; a runner decl
 STEP-5 "not provided" with that reason, once its outputs are seen to treat no row as truncated.
 The measured differences are attached to each test as ``user_properties`` (``step_measure``) so
 that a report, or ``-rA`` with ``--junitxml``, shows them; a mode the runner declares
-``micro_batch_local`` has its STEP-2 dependence measured and shown, not failed.
+``micro_batch_local`` has its STEP-2 dependence measured and shown, not failed. STEP-6 runs the
+library's gradient-accumulation setting the runner declares (``accumulation_setting``: its
+``accumulation_run``, or its micro-batches where they are that setting's accumulation steps) against
+the whole batch in one step; a runner declaring ``accumulation_not_provided`` gets "not provided".
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Callable
 import pytest
 
 from ppo_ref.adapters.step import (
+    ACCUMULATION_STEPS,
     RATIO_TOLERANCE,
     RELATIVE_TOLERANCE,
     SUITE_BUDGET,
@@ -30,6 +34,8 @@ from ppo_ref.adapters.step import (
     StepBatch,
     StepResult,
     StepRunner,
+    accumulation_not_provided,
+    accumulation_setting,
     example_batch,
     gradient_difference,
     step_problems,
@@ -59,7 +65,7 @@ def runner(ctx: Context) -> StepRunner:
     except ModuleNotFoundError as error:  # a built-in runner whose library or extra is not installed
         pytest.skip(f"not provided: adapter {ctx.impl!r}'s trainer-step runner cannot run here: {error}")
     if found is None:
-        pytest.skip(f"not provided: adapter {ctx.impl!r} has no trainer-step runner (spec STEP-1..5)")
+        pytest.skip(f"not provided: adapter {ctx.impl!r} has no trainer-step runner (spec STEP-1..6)")
     return found
 
 
@@ -220,3 +226,60 @@ def test_step5_only_rows_cut_at_the_budget_are_truncated(
         )
     problems = truncation_problems(batch, result, None if claim is None else tuple(claim(batch)), convention)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.clause("STEP-6")
+@pytest.mark.parametrize("accumulation_steps", ACCUMULATION_STEPS)
+def test_step6_accumulation_steps_give_the_whole_batch_step(
+    runner: StepRunner,
+    batch: StepBatch,
+    accumulation_steps: int,
+    record_property: Callable[[str, object], None],
+) -> None:
+    assert step_problems(runner) == []  # the contract, for this clause too
+    reason = accumulation_not_provided(runner)
+    if reason is not None:
+        pytest.skip(f"not provided: {runner.name} has no gradient-accumulation setting: {reason}")
+    setting = accumulation_setting(runner)
+    if setting is None:
+        pytest.skip(f"not provided: {runner.name}'s runner declares no accumulation_setting (spec STEP-6)")
+    record_property("step_declared", f"{runner.name}: accumulation through {setting}")
+    accumulate = getattr(runner, "accumulation_run", None)
+    k = accumulation_steps
+    failures = []
+    for mode in runner.loss_modes:
+        base = _run(runner, batch, mode)
+        if accumulate is None:  # the runner's micro-batches are the setting's accumulation steps
+            other = _run(runner, batch, mode, k)
+        else:
+            other = accumulate(batch, loss_mode=mode, accumulation_steps=k)
+        steps = other.stats.get("optimizer_steps")
+        diff, scale = gradient_difference(base, other)
+        relative = diff / max(scale, 1e-30)
+        loss_diff = abs(base.loss - other.loss)
+        record_property(
+            "step_measure",
+            f"{runner.name} {mode} {k} accumulation steps: |dgrad| {diff:.3g} of {scale:.3g} "
+            f"({relative:.2e}), |dloss| {loss_diff:.3g}, optimizer steps {steps}",
+        )
+        problems = []
+        if steps is not None and steps != 1:
+            problems.append(f"the library took {steps:g} optimizer steps, expected 1")
+        if relative > RELATIVE_TOLERANCE or loss_diff > RELATIVE_TOLERANCE * max(abs(base.loss), 1.0):
+            problems.append(
+                f"the gradient moved by {diff:.3g} (its largest entry {scale:.3g}, relative {relative:.2e} > "
+                f"{RELATIVE_TOLERANCE:g}; ratio of norms {_norm(other) / max(_norm(base), 1e-30):.4g}) and "
+                f"the loss by {loss_diff:.3g}"
+            )
+        if not problems:
+            continue
+        text = f"{mode}: {k} accumulation steps against the whole batch: {'; '.join(problems)}"
+        if mode in runner.micro_batch_local and steps in (None, 1):  # documented local normalisation
+            record_property("step_declared", f"{text} [declared: {runner.micro_batch_local[mode]}]")
+        else:
+            failures.append(text)
+    assert not failures, "\n".join(failures)
+
+
+def _norm(result: StepResult) -> float:
+    return float(sum(float((g**2).sum()) for g in result.gradient.values()) ** 0.5)

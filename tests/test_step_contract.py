@@ -1,4 +1,4 @@
-"""The trainer-step tier's contract (ppo_ref.adapters.step) and ppo-ref's own step runner (spec STEP-1..5).
+"""The trainer-step tier's contract (ppo_ref.adapters.step) and ppo-ref's own step runner (spec STEP-1..6).
 
 The runner's checks are the suite's (conformance/test_step_tier.py); here: the batch's validation,
 the helpers, the runner lookup, and that each STEP comparison catches the bug it is for, by breaking
@@ -24,6 +24,8 @@ from ppo_ref.adapters.step import (
     StepBatch,
     StepResult,
     StepRunner,
+    accumulation_not_provided,
+    accumulation_setting,
     example_batch,
     gradient_difference,
     step_problems,
@@ -408,3 +410,124 @@ def test_step5_reports_a_declared_missing_truncation_handling_as_not_provided() 
     # would make a not-provided STEP-5 a pass in the report
     clauses = [m.args for m in tier.test_step_runner_contract.pytestmark if m.name == "clause"]
     assert clauses == [("STEP-1", "STEP-2", "STEP-3", "STEP-4")], clauses
+
+
+def _divided_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant of STEP-6 (ms-swift #10116/#10117): every accumulation step's loss, already its share
+    of the whole window's, is divided once more by the number of accumulation steps."""
+    original = update_module.minibatch_backward
+
+    def twice(actor_critic: Any, batch: Any, config: Any, autocast: Any, backward: Any, **kw: Any) -> Any:
+        steps = -(-batch.size // (config.micro_batch_size or batch.size))
+        return original(actor_critic, batch, config, autocast, lambda loss: backward(loss / steps), **kw)
+
+    monkeypatch.setattr(update_module, "minibatch_backward", twice)
+
+
+def test_step6_passes_on_ppo_ref_and_kills_an_accumulation_divided_twice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The suite's STEP-6 test on ppo-ref's runner: passes (its micro-batches are its accumulation
+    steps, ``micro_batch_size``); with the loss of each accumulation step divided by k once more it
+    fails at k = 2 and 4 with the gradient's norm at 1/k of the whole batch's."""
+    from conformance import test_step_tier as tier
+
+    batch = example_batch(budget=tier.BUDGET, prompt_length=tier.PROMPT_LENGTH)
+    runner = MineStep()
+    assert step_problems(runner) == [] and accumulation_setting(runner) == runner.accumulation_setting
+    measures: list[tuple[str, object]] = []
+    for k in (2, 4):
+        tier._RESULTS.clear()
+        tier.test_step6_accumulation_steps_give_the_whole_batch_step(
+            runner, batch, k, lambda key, value: measures.append((key, value))
+        )
+    assert any("micro_batch_size" in str(v) for key, v in measures if key == "step_declared")
+    _divided_twice(monkeypatch)
+    for k in (2, 4):
+        tier._RESULTS.clear()
+        with pytest.raises(AssertionError) as failed:
+            tier.test_step6_accumulation_steps_give_the_whole_batch_step(runner, batch, k, lambda *_: None)
+        message = str(failed.value)
+        assert f"token-mean: {k} accumulation steps against the whole batch" in message
+        assert f"ratio of norms {1 / k:.4g}" in message, message
+    tier._RESULTS.clear()
+
+
+class _NoAccumulation(MineStep):
+    name = "no-accumulation"
+    accumulation_setting = None  # type: ignore[assignment]
+    accumulation_not_provided = "test library has no accumulation setting (lib.py:1)"
+
+
+def test_step6_not_provided_and_bad_declarations_are_named() -> None:
+    """A runner declaring ``accumulation_not_provided`` is skipped as "not provided" with its reason
+    (never a pass); one declaring neither is "not provided" too; bad declarations are named."""
+    from conformance import test_step_tier as tier
+
+    batch = example_batch(budget=tier.BUDGET, prompt_length=tier.PROMPT_LENGTH)
+    runner = _NoAccumulation()
+    assert (
+        step_problems(runner) == [] and accumulation_not_provided(runner) == runner.accumulation_not_provided
+    )
+    with pytest.raises(pytest.skip.Exception, match=r"^not provided: no-accumulation has no gradient-accum"):
+        tier.test_step6_accumulation_steps_give_the_whole_batch_step(runner, batch, 2, lambda *_: None)
+
+    class _Silent(MineStep):
+        accumulation_setting = None  # type: ignore[assignment]
+
+    with pytest.raises(pytest.skip.Exception, match="declares no accumulation_setting"):
+        tier.test_step6_accumulation_steps_give_the_whole_batch_step(_Silent(), batch, 2, lambda *_: None)
+
+    class _Both(_NoAccumulation):
+        accumulation_setting = "lib.accumulate"  # type: ignore[assignment]
+
+    class _Empty(MineStep):
+        accumulation_setting = " "
+
+    class _RunWithoutSetting(_Silent):
+        def accumulation_run(self, batch: StepBatch, **kwargs: Any) -> StepResult:
+            raise NotImplementedError
+
+    assert any("declared together with accumulation_setting" in p for p in step_problems(_Both()))
+    assert any(
+        p.startswith("accumulation_setting: expected a non-empty str") for p in step_problems(_Empty())
+    )
+    assert any(
+        p.startswith("accumulation_run: needs accumulation_setting")
+        for p in step_problems(_RunWithoutSetting())
+    )
+    with pytest.raises(ValueError, match=r"^runner: accumulation_setting"):
+        accumulation_setting(_Empty())
+    with pytest.raises(ValueError, match=r"^runner: accumulation_not_provided"):
+
+        class _EmptyReason(MineStep):
+            accumulation_setting = None  # type: ignore[assignment]
+            accumulation_not_provided = ""
+
+        accumulation_not_provided(_EmptyReason())
+    with pytest.raises(AssertionError, match="accumulation_not_provided"):
+        tier.test_step6_accumulation_steps_give_the_whole_batch_step(_Both(), batch, 2, lambda *_: None)
+
+
+def test_step6_counts_the_optimizer_steps_of_an_accumulation_run() -> None:
+    """A runner with its own ``accumulation_run`` whose library steps the optimizer at every
+    accumulation step (TRL 1.12's end-of-dataloader sync) fails STEP-6 on the count alone."""
+    from conformance import test_step_tier as tier
+
+    batch = example_batch(budget=tier.BUDGET, prompt_length=tier.PROMPT_LENGTH)
+
+    class _Stepping(MineStep):
+        name = "stepping"
+        loss_modes = ("token-mean",)
+
+        def accumulation_run(
+            self, batch: StepBatch, *, loss_mode: str, accumulation_steps: int
+        ) -> StepResult:
+            result = self.run(batch, loss_mode=loss_mode, micro_batches=accumulation_steps)
+            result.stats["optimizer_steps"] = float(accumulation_steps)
+            return result
+
+    tier._RESULTS.clear()
+    with pytest.raises(AssertionError, match="took 2 optimizer steps, expected 1"):
+        tier.test_step6_accumulation_steps_give_the_whole_batch_step(_Stepping(), batch, 2, lambda *_: None)
+    tier._RESULTS.clear()

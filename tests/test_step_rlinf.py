@@ -1,5 +1,5 @@
 """The trainer-step tier run against RLinf 0.3.0's own reasoning actor update, in ``.envs/rlinf``
-(spec STEP-1..5).
+(spec STEP-1..6).
 
 ``pytest conformance/test_step_tier.py --impl=rlinf`` (the built-in step runner of the ``rlinf``
 adapter, ``ppo_ref.adapters.thirdparty.rlinf_step``: rows as a ``RolloutResult`` through
@@ -13,6 +13,8 @@ group of one, the three ``algorithm.loss_agg_func`` values). Pinned verdicts, as
   ``gradient_accumulation`` (``rlinf/workers/actor/fsdp_actor_worker.py:819``), so the step's gradient
   is the mean of per-micro-batch token means, not the batch's token mean. The two ``seq-mean`` modes
   pass (equal rows per micro-batch).
+- STEP-6 fails with STEP-2, on the same runs: RLinf's gradient accumulation is its micro-batches
+  (``actor.micro_batch_size``, the runner's ``accumulation_setting``).
 - STEP-5 is "not provided" (the runner's ``truncation_not_provided``): RLinf's reasoning path has no
   truncation handling. ``RolloutResult.is_end`` reaches the actor's batch (``to_actor_batch``) but only
   the rollout metrics read it (``rlinf/utils/distributed.py:67,199``); a row cut at the budget keeps its
@@ -40,6 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 EXPECTED_FAILURES = {
     "test_step2_micro_batches_give_the_whole_batch_gradient[2]",
     "test_step2_micro_batches_give_the_whole_batch_gradient[4]",
+    "test_step6_accumulation_steps_give_the_whole_batch_step[2]",  # the same: its micro-batches accumulate
+    "test_step6_accumulation_steps_give_the_whole_batch_step[4]",
 }  # and STEP-5 skipped as not provided
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
@@ -63,7 +67,7 @@ def test_step_tier_verdicts_of_rlinf() -> None:
         re.MULTILINE,
     ), done.stdout[-3000:]
     assert "rlinf/utils/distributed.py:67,199" in done.stdout, done.stdout[-3000:]
-    assert done.passed == 8 - len(done.failed) - 1, done.stdout[-3000:]
+    assert done.passed == 10 - len(done.failed) - 1, done.stdout[-3000:]
     for relative in ("7.67e-02", "6.91e-01"):  # token-mean at 2 and 4 micro-batches
         assert f"relative {relative} > 1e-05" in done.stdout, done.stdout[-3000:]
 

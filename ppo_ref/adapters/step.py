@@ -1,4 +1,4 @@
-"""The trainer-step tier (spec STEP-1..5): an optional adapter capability that runs one
+"""The trainer-step tier (spec STEP-1..6): an optional adapter capability that runs one
 optimisation step of a library's own training code on a tiny model and a fixed batch.
 
 The op contract (:mod:`ppo_ref.adapters.base`) calls a library's loss functions one at a time; the
@@ -10,7 +10,8 @@ the library's own rollout-to-advantage and loss-and-backward path, and returns a
 :class:`StepResult`: the gradient of the objective accumulated over the step's micro-batches
 (what a plain-SGD step with learning rate 1 subtracts from the parameters), the loss, the
 statistics the library logs, and the library's own per-row outputs (:data:`OUTPUTS`) from which
-STEP-5 measures the rows it treated as truncated. :mod:`ppo_ref.adapters.step_kit` holds what every
+STEP-5 measures the rows it treated as truncated. STEP-6 runs the library's gradient-accumulation
+setting (the runner's optional ``accumulation_setting``). :mod:`ppo_ref.adapters.step_kit` holds what every
 runner needs besides the library call; :mod:`ppo_ref.adapters.step_check` runs the tier at a user's
 own TRL or verl settings (``ppo-ref step-check``).
 
@@ -38,6 +39,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "ACCUMULATION_STEPS",
     "BUILTIN_STEP_RUNNERS",
     "OUTPUTS",
     "RATIO_TOLERANCE",
@@ -49,6 +51,8 @@ __all__ = [
     "StepBatch",
     "StepResult",
     "StepRunner",
+    "accumulation_not_provided",
+    "accumulation_setting",
     "example_batch",
     "gradient_difference",
     "step_problems",
@@ -81,6 +85,10 @@ SUITE_BUDGET = 6
 SUITE_PROMPT_LENGTH = 9
 """The suite's batch is ``example_batch(SUITE_BUDGET, prompt_length=SUITE_PROMPT_LENGTH)``: ``pad_to``
 9 then pads the completions only, 10 also left-pads the prompts by one column."""
+
+ACCUMULATION_STEPS: tuple[int, ...] = (2, 4)
+"""STEP-6: the accumulation counts k at which one optimizer step over k accumulation steps is compared
+with one step over the whole batch."""
 
 STEP_STATISTICS: tuple[str, ...] = ("max_abs_log_ratio", "clipfrac", "approx_kl")
 """Statistics a runner reports when its library computes them (None where it does not):
@@ -302,6 +310,18 @@ class StepRunner(Protocol):
     reason ends. STEP-5 then reports "not provided" with that reason, after checking the declaration
     against the measurement: a library declared without truncation handling must treat no row as
     truncated (else STEP-5 fails). It excludes ``truncation_run`` and ``truncation_convention``.
+
+    STEP-6 (gradient accumulation) needs the optional attribute ``accumulation_setting``: the
+    library's gradient-accumulation setting the runner drives and where the library scales each
+    accumulation step's loss (file:line). The runner then either has the optional method
+    ``accumulation_run(batch, *, loss_mode, accumulation_steps)`` (one optimizer step with the setting
+    at ``accumulation_steps`` = k, run as the library runs it for a user; its stats may carry
+    ``optimizer_steps``, the optimizer steps the library took, which must be 1), or, without it,
+    STEP-6 reads ``run(batch, loss_mode=..., micro_batches=k)``: the runner says by declaring the
+    setting that its micro-batches *are* the setting's accumulation steps. A runner whose library has
+    no accumulation setting says so in the optional attribute ``accumulation_not_provided`` (the
+    reason, naming the library's file and line): STEP-6 is then "not provided", never a pass. It
+    excludes ``accumulation_setting`` and ``accumulation_run``.
     """
 
     @property
@@ -366,7 +386,51 @@ def step_problems(runner: object) -> list[str]:
                 "truncation_not_provided: declared together with truncation_convention or truncation_run, "
                 "which say the library handles truncation"
             )
+    problems += _accumulation_problems(runner)
     return problems
+
+
+def _accumulation_problems(runner: object) -> list[str]:
+    problems: list[str] = []
+    setting = getattr(runner, "accumulation_setting", None)  # optional
+    if setting is not None and (not isinstance(setting, str) or not setting.strip()):
+        problems.append(f"accumulation_setting: expected a non-empty str or None, got {setting!r}")
+    run = getattr(runner, "accumulation_run", None)  # optional
+    if run is not None:
+        if not callable(run):
+            problems.append("accumulation_run: expected a method or nothing")
+        elif setting is None:
+            problems.append("accumulation_run: needs accumulation_setting, the library setting it drives")
+    reason = getattr(runner, "accumulation_not_provided", None)  # optional
+    if reason is not None:
+        if not isinstance(reason, str) or not reason.strip():
+            problems.append(
+                f"accumulation_not_provided: expected a non-empty str (the reason) or None, got {reason!r}"
+            )
+        elif setting is not None or run is not None:
+            problems.append(
+                "accumulation_not_provided: declared together with accumulation_setting or "
+                "accumulation_run, which say the library has an accumulation setting"
+            )
+    return problems
+
+
+def accumulation_setting(runner: object) -> str | None:
+    """The gradient-accumulation setting ``runner`` drives for STEP-6 (its ``accumulation_setting``
+    attribute), or None (STEP-6 not provided)."""
+    setting = getattr(runner, "accumulation_setting", None)
+    if setting is not None and (not isinstance(setting, str) or not setting.strip()):
+        raise ValueError(f"runner: accumulation_setting must be a non-empty str or None, got {setting!r}")
+    return setting
+
+
+def accumulation_not_provided(runner: object) -> str | None:
+    """The reason ``runner`` gives for its library having no gradient-accumulation setting (its
+    ``accumulation_not_provided`` attribute; STEP-6 then reports "not provided"), or None."""
+    reason = getattr(runner, "accumulation_not_provided", None)
+    if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+        raise ValueError(f"runner: accumulation_not_provided must be a non-empty str or None, got {reason!r}")
+    return reason
 
 
 def truncation_convention(runner: object) -> LengthPenalty | None:

@@ -1,4 +1,4 @@
-"""Trainer-step tier for ppo-ref's own trainer (spec STEP-1..5; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for ppo-ref's own trainer (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
 
 Each run goes through the trainer's code, stage by stage: the response mask and stop reason of
 the generator (:func:`ppo_ref.trainer.generation.first_eos_mask`, limited to the token budget as
@@ -14,6 +14,9 @@ Loss modes: the four ``loss_agg`` modes with ``policy_loss = "ppo"`` (their name
 ``cispo`` (token-mean) and ``gspo`` (seq-mean-token-mean). Outputs (STEP-5): the rollout's
 response mask (``loss_mask``) and stage 6's advantages; :meth:`MineStep.truncation_run` adds the
 ``gae`` advantages with the bootstrap value 0 and 1 (``truncation = "bootstrap"``).
+
+STEP-6: the trainer's gradient-accumulation setting is ``micro_batch_size`` (:data:`ACCUMULATION`):
+the runner's micro-batches are its accumulation steps, so STEP-6 reads ``run(micro_batches=k)``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,13 @@ __all__ = ["MineStep", "make_step"]
 
 LOSS_MODES: tuple[str, ...] = (*LOSS_AGGREGATIONS, "cispo", "gspo")
 
+ACCUMULATION = (
+    "TrainerConfig.micro_batch_size (rows per forward/backward; ppo_ref/trainer/update.py "
+    "minibatch_backward: every micro-batch's loss is its share of the whole minibatch's, one backward "
+    "each, the optimizer stepping once per minibatch in ppo_update)"
+)
+"""STEP-6: the setting the runner's ``micro_batches`` drive (``micro_batch_size = B / k``)."""
+
 
 def _mode_settings(loss_mode: str) -> dict[str, Any]:
     if loss_mode == "cispo":
@@ -49,6 +59,7 @@ class MineStep:
     name = "mine"
     loss_modes = LOSS_MODES
     micro_batch_local: Mapping[str, str] = MappingProxyType({})
+    accumulation_setting = ACCUMULATION
     provenance = (
         "ppo_ref.trainer: generation.first_eos_mask, ActorCritic.response_outputs (stage 4), "
         "token_rewards (stage 5), ADVANTAGE_ESTIMATORS['grpo'] / ['gae'] (stage 6), "

@@ -1,4 +1,4 @@
-"""Trainer-step tier for OpenRLHF 0.11.2 (spec STEP-1..5; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for OpenRLHF 0.11.2 (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through OpenRLHF's own code, in this process, on the CPU (file:line of the installed
 release, ``openrlhf/...``):
@@ -346,6 +346,12 @@ class OpenRLHFStep:
     name = "openrlhf"
     loss_modes = LOSS_MODES
     micro_batch_local: Mapping[str, str] = MappingProxyType({})
+    accumulation_setting = (
+        "--train.micro_batch_size within --train.batch_size (the runner's micro-batches: DeepSpeed's "
+        "gradient_accumulation_steps = batch_size / (micro_batch_size * world size), checked against the "
+        "engine's; engine.backward divides each micro-batch's loss by it, iter_grad_accum_global_norm "
+        "gives each the step's global counts, utils/loss_utils.py:80-105; one engine.step, counted)"
+    )
     provenance = (
         "OpenRLHF rollout rows by utils/agent.py SingleTurnAgentExecutor.execute (reward_func file via "
         "--reward.remote_url), SamplesGenerator._process_response_into_experience, "

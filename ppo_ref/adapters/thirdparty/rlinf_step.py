@@ -1,4 +1,4 @@
-"""Trainer-step tier for RLinf 0.3.0 (spec STEP-1..5; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for RLinf 0.3.0 (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through RLinf's reasoning actor, ``rlinf.workers.actor.fsdp_actor_worker.FSDPActor``,
 in this process, on the CPU:
@@ -179,6 +179,11 @@ class RlinfStep:
     name = "rlinf"
     loss_modes = LOSS_MODES
     micro_batch_local = MICRO_BATCH_LOCAL
+    accumulation_setting = (
+        "actor.micro_batch_size (the runner's micro-batches: FSDPActor.training_step splits the batch "
+        "with _split_to_micro_batch, divides each micro-batch's loss by gradient_accumulation "
+        "(rlinf/workers/actor/fsdp_actor_worker.py:819), one backward each, one optimizer_step)"
+    )
     provenance = (
         "rlinf.workers.actor.fsdp_actor_worker.FSDPActor (reasoning; FSDP2 over a gloo group of one, fp32): "
         "__init__ + FSDPModelManager.setup_model_and_optimizer; rows as RolloutResult(is_end = ends with "

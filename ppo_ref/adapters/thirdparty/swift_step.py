@@ -1,4 +1,4 @@
-"""Trainer-step tier for ms-swift 4.6.0's ``GRPOTrainer`` (spec STEP-1..5; contract
+"""Trainer-step tier for ms-swift 4.6.0's ``GRPOTrainer`` (spec STEP-1..6; contract
 :mod:`ppo_ref.adapters.step`).
 
 Every run goes through ms-swift's own pipeline and trainer, in this process, on the CPU (file:line of
@@ -122,6 +122,12 @@ class SwiftGrpoStep:
     name = "swift"
     loss_modes = LOSS_MODES
     micro_batch_local = MICRO_BATCH_LOCAL
+    accumulation_setting = (
+        "RLHFArguments.gradient_accumulation_steps (the runner's micro-batches, steps_per_generation "
+        "the same: transformers Trainer.training_step divides each accumulation step's loss by it, and "
+        "ms-swift undoes that for its window-normalised loss types, _undo_gradient_accumulation_scaling, "
+        "swift/rlhf_trainers/grpo_trainer.py:1228-1241; ms-swift #10116/#10117)"
+    )
     provenance = (
         "swift.pipelines.train.rlhf.SwiftRLHF (rlhf_type=grpo, tuner_type=full, template dummy, "
         "max_steps=1): "

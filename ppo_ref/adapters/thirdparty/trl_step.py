@@ -1,4 +1,4 @@
-"""Trainer-step tier for TRL 1.16's ``GRPOTrainer`` (spec STEP-1..5; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for TRL 1.16's ``GRPOTrainer`` (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through the trainer's own code: ``GRPOTrainer.train()`` for one optimizer step
 (``max_steps=1``) whose completions come from the public ``rollout_func`` argument (it returns
@@ -18,6 +18,13 @@ ratio is a real recomputation (with ``num_iterations=1`` it uses the detached cu
 1 by construction). Statistics: ``max_abs_log_ratio`` over the loss's micro-batches,
 ``clipfrac`` = TRL's logged ``clip_ratio/region_mean`` (``cispo_clip_ratio`` for cispo),
 ``approx_kl`` None (TRL logs none without ``beta``).
+
+STEP-6: both runners' micro-batches are TRL's ``gradient_accumulation_steps`` (GRPO: one generation
+batch of ``per_device_train_batch_size * steps_per_generation`` rows, ``steps_per_generation``
+defaulting to the accumulation steps, split by ``_prepare_inputs``; PPO: the mini-batch's
+micro-batches under ``accelerator.accumulate``). :meth:`TrlPpoStep.accumulation_run` runs PPO's
+accumulation as a user's run has it, with accelerate's ``sync_with_dataloader`` left on (its
+``run`` switches it off to measure the normalisation alone), and counts the optimizer steps.
 """
 
 from __future__ import annotations
@@ -82,6 +89,11 @@ class TrlGrpoStep:
     name = "trl"
     loss_modes = LOSS_MODES
     micro_batch_local = MICRO_BATCH_LOCAL
+    accumulation_setting = (
+        "GRPOConfig.gradient_accumulation_steps (the runner's micro-batches: per_device_train_batch_size "
+        "B/k, steps_per_generation k, one generation batch split by GRPOTrainer._prepare_inputs, one "
+        "transformers Trainer.training_step each, the optimizer stepping once)"
+    )
     provenance = (
         "trl.GRPOTrainer.train (max_steps=1) with rollout_func: _generate_and_score_completions "
         "(padding, mask_truncated_completions, group advantages), _prepare_inputs (shuffle, split into "
@@ -283,6 +295,11 @@ class TrlPpoStep:
     name = "trl"
     loss_modes: tuple[str, ...] = ("token-mean",)
     micro_batch_local: Mapping[str, str] = MappingProxyType({})
+    accumulation_setting = (
+        "PPOConfig.gradient_accumulation_steps (trl/experimental/ppo/ppo_trainer.py:460 "
+        "Accelerator(gradient_accumulation_steps=...); train() wraps each micro-batch in "
+        "accelerator.accumulate and calls optimizer.step, :810, :849), run with accelerate's defaults"
+    )
     provenance = (
         "trl.experimental.ppo.PPOTrainer.train (one iteration; batch_generation replaced by the fixed "
         "completions): truncate_response, missing_eos_penalty, get_reward, GAE, masked_whiten, the PPO "
@@ -410,6 +427,24 @@ class TrlPpoStep:
         }
         outputs = {"rewards": record["rewards"]}  # train()'s scores after missing_eos_penalty
         return StepResult(gradient=record["gradient"], loss=record["loss"], stats=stats, outputs=outputs)
+
+    def accumulation_run(self, batch: StepBatch, *, loss_mode: str, accumulation_steps: int) -> StepResult:
+        """STEP-6: :meth:`run` with ``micro_batches = accumulation_steps`` as a user's ``train()`` runs it,
+        accelerate's ``sync_with_dataloader`` on (``PPOTrainer``'s own ``Accelerator``); its
+        ``optimizer_steps`` counts the steps accelerate let the optimizer take in the mini-batch."""
+        if not isinstance(batch, StepBatch):
+            raise ValueError(f"batch: expected a StepBatch, got {type(batch).__name__}")
+        if (
+            isinstance(accumulation_steps, bool)
+            or not isinstance(accumulation_steps, int)
+            or accumulation_steps < 1
+            or batch.size % accumulation_steps
+        ):
+            raise ValueError(
+                f"accumulation_steps: expected a divisor of {batch.size}, got {accumulation_steps!r}"
+            )
+        as_users_run_it = TrlPpoStep(self.seed, sync_with_dataloader=True)
+        return as_users_run_it.run(batch, loss_mode=loss_mode, micro_batches=accumulation_steps)
 
 
 def make_step() -> TrlGrpoStep | TrlPpoStep:

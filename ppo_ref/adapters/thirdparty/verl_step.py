@@ -1,4 +1,4 @@
-"""Trainer-step tier for verl 0.9.1 (spec STEP-1..5; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for verl 0.9.1 (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through verl's own trainer code, in this process, on the CPU:
 
@@ -207,6 +207,11 @@ class VerlStep:
     name = "verl"
     loss_modes = LOSS_MODES
     micro_batch_local: Mapping[str, str] = MappingProxyType({})
+    accumulation_setting = (
+        "actor.ppo_micro_batch_size_per_gpu within actor.ppo_mini_batch_size (the runner's micro-batches: "
+        "verl has no other accumulation setting; FSDPEngine.forward_backward_batch runs a backward per "
+        "micro-batch with the mini-batch's global token count, one optimizer_step per mini-batch)"
+    )
     truncation_convention = TRUNCATION_CONVENTION
     provenance = (
         "verl RayPPOTrainer._compute_old_log_prob and _update_actor (left_right_2_no_padding, "

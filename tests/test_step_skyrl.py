@@ -4,7 +4,8 @@
 ``ppo_ref.adapters.thirdparty.skyrl_step``: ``RayPPOTrainer``'s ``postprocess_generator_output``,
 ``convert_to_training_input``, ``fwd_logprobs_values_reward``, ``compute_advantages_and_returns`` (GRPO)
 and ``train_critic_and_policy`` on skyrl's ``FSDPPolicyWorkerBase`` under FSDP2 over a gloo group of one,
-every ``trainer.algorithm.loss_reduction``). Pinned verdicts, as measured: every STEP test passes.
+every ``trainer.algorithm.loss_reduction``). Pinned verdicts, as measured: every STEP test passes
+(STEP-6 reads STEP-2's runs: token_mean_legacy is shown as declared there too).
 ``token_mean_legacy`` is declared ``micro_batch_local`` (skyrl documents it as normalised per
 micro-batch, ``ppo_utils.py:1184``): its STEP-2 dependence on the split is measured and shown, not failed;
 STEP-5 passes through ``truncation_run`` (``generator.apply_overlong_filtering`` and
@@ -45,7 +46,7 @@ def test_step_tier_verdicts_of_skyrl(tmp_path: Path) -> None:
     report = tmp_path / "step.xml"
     done = run_step_tier("skyrl", "-rfEs", f"--junitxml={report}")
     assert done.failed == EXPECTED_FAILURES, done.stdout[-3000:]
-    assert done.passed == 8, done.stdout[-3000:]
+    assert done.passed == 10, done.stdout[-3000:]  # STEP-1..6
     assert done.skipped is None, done.stdout[-3000:]
     # token_mean_legacy's dependence on the split, measured and shown as declared (micro-batch local);
     # every other mode within the tolerance
@@ -59,7 +60,13 @@ def test_step_tier_verdicts_of_skyrl(tmp_path: Path) -> None:
     assert sorted(measured) == [("token_mean_legacy", "2"), ("token_mean_legacy", "4")], declared
     assert round(measured["token_mean_legacy", "2"], 4) == 0.0767, measured
     assert round(measured["token_mean_legacy", "4"], 3) == 0.691, measured
-    assert all("ppo_utils.py:1184" in text for text in declared), declared
+    legacy = [text for text in declared if text.startswith("token_mean_legacy")]
+    assert len(legacy) == 4 and all("ppo_utils.py:1184" in text for text in legacy), (
+        declared
+    )  # STEP-2, STEP-6
+    assert (
+        sum("accumulation through trainer.micro_train_batch_size_per_gpu" in text for text in declared) == 2
+    )
 
 
 CHECK = """

@@ -294,6 +294,11 @@ class SkyrlStep:
     name = "skyrl"
     loss_modes = LOSS_MODES
     micro_batch_local = MICRO_BATCH_LOCAL
+    accumulation_setting = (
+        "trainer.micro_train_batch_size_per_gpu within trainer.policy_mini_batch_size (the runner's "
+        "micro-batches: PolicyWorkerBase.forward_backward runs a backward per micro-batch, and "
+        "train_critic_and_policy one optim_step per mini-batch; the run counts the optimizer steps)"
+    )
     provenance = (
         "skyrl.train.trainer.RayPPOTrainer (train/trainer.py): postprocess_generator_output, "
         "convert_to_training_input (preprocess.convert_prompts_responses_to_batch_tensors), "
@@ -420,10 +425,11 @@ class SkyrlStep:
             generator=None,
         )
         worker = self._worker(cfg)
-        record: dict[str, Any] = {"ratio": 0.0, "losses": []}
+        record: dict[str, Any] = {"ratio": 0.0, "losses": [], "optimizer_steps": 0}
 
         def capture() -> None:
             record["gradient"] = gradient_of(worker.model.model.named_parameters())
+            record["optimizer_steps"] += 1
 
         trainer.dispatch = _Dispatch(worker, capture)
         policy_loss = worker.policy_loss_fn
@@ -491,6 +497,7 @@ class SkyrlStep:
             "clipfrac": None if clip is None else float(clip),
             "approx_kl": None,
             "micro_batches_run": float(len(record["losses"])),
+            "optimizer_steps": float(record["optimizer_steps"]),
             "columns": record["columns"],
             "sequence_columns": record["sequence_columns"],
             "padding_id": record["padding_id"],

@@ -36,6 +36,7 @@ from bench.family import cases as side
 from bench.family.compare import Side
 from bench.family.mine import mine_cases
 from bench.family.sides import LIBRARIES, SIDES, cases_for
+from ppo_ref.group import GROUP_METHODS
 from tests.thirdparty_env import REPO, thirdparty_python
 
 KEYS = [case.key for case in mine_cases(side.make_data(side.SMALL))]
@@ -144,7 +145,7 @@ TOLERANCE = 1e-5
 """Largest difference from ppo-ref's value (and gradient) accepted at the small shapes (float32)."""
 
 SKYRL_KEYS = {
-    *(f"group_advantages/{method}" for method in ("grpo", "dr_grpo", "rloo")),
+    *(f"group_advantages/{method}" for method in GROUP_METHODS),
     *(
         f"{op}/{p}"
         for op in (

@@ -12,7 +12,9 @@ and calls ``backward()``):
 Every side calls the library's own function (verl 0.9.1 ``core_algos.py`` and
 ``rollout_corr_helper.py``; OpenRLHF 0.11.2 ``models/loss.py``, ``models/utils.py`` and, for the
 group advantages it keeps inline, the pinned lines of ``experience_maker.py`` run through
-:mod:`ppo_ref.adapters.thirdparty._inline`; skyrl-train 0.3.1 ``utils/ppo_utils.py``; TRL 1.16
+:mod:`ppo_ref.adapters.thirdparty._inline`; skyrl 0.4.0 ``skyrl/backends/skyrl_train/utils/ppo_utils.py``,
+whose losses sum, so its loss cases call the advantage scaling its trainer applies first,
+``apply_loss_reduction_to_advantages_minibatch``, inside the timed call; TRL 1.16
 ``GRPOTrainer``'s inline group block, pinned the same way: its losses are inline code that reads
 trainer attributes and are not benchmarked), with the
 arguments the library's trainer hands it (float masks, token-level rewards of width 1 and a numpy

@@ -11,11 +11,20 @@ are small (B = 512 scores; B = 8, T = 64). Ratios measured side by side come fro
 Every call's result is checked: finite; ppo-ref's equal to the plain-loop oracles of
 ``tests/oracles.py`` on a slice (four groups, or two rows); a library's difference from ppo-ref
 under the library's conventions recorded in ``extra_info`` (``max_abs_diff_vs_reference``).
+
+Run in a library's own environment, a side whose cases cannot be built fails (it skips only in
+another environment). :func:`test_library_side_serves_and_matches_ppo_ref` (``thirdparty``, from
+``.venv``) starts each library's worker in its ``.envs/NAME`` as ``python bench/family_side.py
+--compare`` does and fails where it dies (``--compare`` would leave that side out of the report with
+only a "Not run" line) or where a case's value or gradient differs from ppo-ref's.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +33,11 @@ from torch import Tensor
 
 import ppo_ref
 from bench.family import cases as side
+from bench.family.compare import Side
 from bench.family.mine import mine_cases
-from bench.family.sides import SIDES, cases_for
+from bench.family.sides import LIBRARIES, SIDES, cases_for
+from ppo_ref.group import GROUP_METHODS
+from tests.thirdparty_env import REPO, thirdparty_python
 
 KEYS = [case.key for case in mine_cases(side.make_data(side.SMALL))]
 
@@ -36,7 +48,14 @@ def _cases(name: str, shapes: side.Shapes) -> dict[tuple[str, str], side.Case] |
     try:
         return cases_for(name, shapes)
     except ImportError as error:
+        if _in_own_env(name):  # the side's own environment: its worker would die the same way
+            pytest.fail(f"{name}'s family side does not import in .envs/{name}: {error}", pytrace=False)
         return f"{name} is not importable in this environment ({error}); run this file under .envs/{name}"
+
+
+def _in_own_env(name: str) -> bool:
+    """Whether this interpreter is ``.envs/NAME``'s."""
+    return Path(sys.prefix).resolve() == (REPO / ".envs" / name).resolve()
 
 
 def _oracle(key: str, data: dict[str, Tensor]) -> tuple[Tensor, object]:
@@ -120,3 +139,52 @@ def test_family_op(benchmark: Any, request: pytest.FixtureRequest, key: str, imp
 
         mine, expected = _oracle(key, side.make_data(shapes))
         oracles.assert_close_to_oracle(mine.detach(), expected, mine.dtype)
+
+
+TOLERANCE = 1e-5
+"""Largest difference from ppo-ref's value (and gradient) accepted at the small shapes (float32)."""
+
+SKYRL_KEYS = {
+    *(f"group_advantages/{method}" for method in GROUP_METHODS),
+    *(
+        f"{op}/{p}"
+        for op in (
+            "aggregate_loss/token-mean",
+            "aggregate_loss/seq-mean-token-mean",
+            "aggregate_loss/seq-mean-token-sum-norm",
+            "policy_loss/clip-higher+dual-clip",
+            "gspo_loss",
+            "cispo_loss",
+            "kl_loss/k3",
+        )
+        for p in ("fwd", "fwd+bwd")
+    ),
+}
+"""The cases skyrl 0.4.0's side offers (bench/family/skyrl.py): every op but seq-mean-token-sum, k3+
+and the rollout corrections (inside its policy losses)."""
+
+
+@pytest.mark.thirdparty
+@pytest.mark.parametrize("name", LIBRARIES)
+def test_library_side_serves_and_matches_ppo_ref(name: str, tmp_path: Path) -> None:
+    python = thirdparty_python(name)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(REPO), PYTHONNOUSERSITE="1", PPO_REF_BENCH_THREADS="1")
+    log = tmp_path / "worker.log"
+    worker = Side(name, python, env, log, small=True)
+    try:
+        assert worker.error is None, f"{name}'s worker died: {worker.error}\n{log.read_text()[-3000:]}"
+        keys = {key for key, _ in worker.cases}
+        assert keys, f"{name}'s worker offers no case"
+        assert keys <= set(KEYS), f"{name} offers cases ppo-ref's side does not: {keys - set(KEYS)}"
+        assert all(label.startswith(name) for _, label in worker.cases), worker.cases
+        if name == "skyrl":
+            assert keys == SKYRL_KEYS
+        for key, label in worker.cases:
+            differences = worker.ask(cmd="check", key=key, label=label)
+            assert "value" in differences, (key, label, differences)
+            if key.endswith("fwd+bwd"):
+                assert "grad" in differences, (key, label, differences)
+            assert max(differences.values()) <= TOLERANCE, (key, label, differences)
+    finally:
+        worker.close()

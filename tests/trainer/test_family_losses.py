@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_task import PROMPTS, tiny_config, tiny_policy, tiny_setup, tiny_tokenizer
+from tiny_task import tiny_cli_argv, tiny_config, tiny_setup
 
 from ppo_ref import cispo_loss, cli, gspo_loss, kl_loss, policy_loss, token_rewards
 from ppo_ref.aggregation import LOSS_AGGREGATIONS
@@ -61,16 +61,6 @@ def test_norm_constant_defaults_to_max_new_tokens() -> None:
 
 
 # -- errors before any work -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if the CLI gets as far as building models (a bad config must stop before)."""
-
-    def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("build_setup was called: the config error came too late")
-
-    monkeypatch.setattr("ppo_ref.trainer.setup.build_setup", forbidden)
 
 
 GSPO = ["--policy-loss", "gspo", "--loss-agg", "seq-mean-token-mean"]
@@ -159,16 +149,7 @@ def test_every_sequence_level_estimator_runs_gspo() -> None:
 @pytest.fixture
 def local_run(tmp_path: Path) -> list[str]:
     """argv of a tiny run on a saved tiny policy, a prompts file and a Python reward function."""
-    tokenizer = tiny_tokenizer()
-    policy_dir = tmp_path / "policy"
-    tiny_policy(tokenizer).save_pretrained(policy_dir)
-    tokenizer.save_pretrained(policy_dir)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    argv = ["train", "--policy", str(policy_dir), "--reward", "tiny_task:count_a", "--prompts", str(prompts)]
-    argv += ["--iterations", "2", "--rollout-batch-size", "8", "--max-new-tokens", "5"]
-    argv += ["--num-minibatches", "2", "--ppo-epochs", "2", "--eval-samples", "4"]
-    return [*argv, "--no-progress-bar", "--no-tensorboard", "--no-plots"]
+    return tiny_cli_argv(tmp_path, "--ppo-epochs", "2")
 
 
 RUNS: dict[str, tuple[list[str], set[str]]] = {

@@ -6,6 +6,7 @@ default dropout (0.1), so every test also exercises the trainer's dropout switch
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,23 @@ def count_a(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
 
 
 PROMPTS = ["abc", "hgf", "d", "ee e", "bach", "cafe", "g", "ab ab", "fed", "hh", "a", "bb"]
+
+
+def tiny_cli_argv(tmp_path: Path, *flags: str) -> list[str]:
+    """argv of a tiny ``train`` run from the command line: the tiny policy and tokenizer saved under
+    ``tmp_path/policy``, the PROMPTS in ``tmp_path/prompts.jsonl``, the reward ``tiny_task:count_a``,
+    2 iterations of 8 rollouts of 5 new tokens in 2 minibatches, 4 eval samples, no progress bar,
+    TensorBoard or plots; then ``flags``."""
+    tokenizer = tiny_tokenizer()
+    policy_dir = tmp_path / "policy"
+    tiny_policy(tokenizer).save_pretrained(policy_dir)
+    tokenizer.save_pretrained(policy_dir)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    argv = ["train", "--policy", str(policy_dir), "--reward", "tiny_task:count_a", "--prompts", str(prompts)]
+    argv += ["--iterations", "2", "--rollout-batch-size", "8", "--max-new-tokens", "5"]
+    argv += ["--num-minibatches", "2", "--eval-samples", "4"]
+    return [*argv, "--no-progress-bar", "--no-tensorboard", "--no-plots", *flags]
 
 
 def tiny_setup(pad_equals_eos: bool = False, reward_model: bool = False, seed: int = 0) -> TrainingSetup:

@@ -32,7 +32,8 @@ import torch
 from torch import Tensor
 
 from bench import tiny_grpo as g
-from bench.ppo_ref_side import TrainStepper, info, reply
+from bench.ppo_ref_side import TrainStepper, info
+from bench.worker import reply
 
 __all__ = ["BareGrpo", "grpo_config", "make_grpo_trainer", "serve"]
 

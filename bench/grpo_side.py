@@ -287,13 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stepper = TrainStepper(make_grpo_trainer(tempfile.mkdtemp(prefix="ppo-ref-grpo-bench-"), args.beta))
     try:
-        for _ in range(args.warmup):
-            stepper.step()
-        seconds = [stepper.step() for _ in range(args.iterations)]
-        result = {
-            "median_seconds_per_iteration": statistics.median(seconds),
-            "min": min(seconds),
-            "iterations": len(seconds),
+        result = stepper.timed(args.warmup, args.iterations)
+        result |= {
             **info(stepper),
         }
         print(json.dumps(result))

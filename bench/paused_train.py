@@ -9,6 +9,7 @@ it runs in any library's environment.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -85,6 +86,19 @@ class PausedTrain:
         self._raise_if_failed()
         self.steps += 1
         return seconds
+
+    def timed(self, warmup: int, iterations: int) -> dict[str, Any]:
+        """Run ``warmup`` iterations, then time ``iterations``: the median, min and max wall seconds
+        per iteration and their count (a script's own summary, outside the workers)."""
+        for _ in range(warmup):
+            self.step()
+        seconds = [self.step() for _ in range(iterations)]
+        return {
+            "median_seconds_per_iteration": statistics.median(seconds),
+            "min": min(seconds),
+            "max": max(seconds),
+            "iterations": len(seconds),
+        }
 
     def iterations(self, request: dict[str, Any]) -> dict[str, Any]:
         """The workers' ``{"cmd": "iterations", "n": k}``: run k iterations, reply their wall and

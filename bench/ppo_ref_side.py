@@ -378,16 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stepper = TrainStepper(make_trainer(tempfile.mkdtemp(prefix="ppo-ref-bench-")))
     try:
-        for _ in range(args.warmup):
-            stepper.step()
-        seconds = [stepper.step() for _ in range(args.iterations)]
-        median = statistics.median(seconds)
-        result = {
-            "median_seconds_per_iteration": median,
-            "min": min(seconds),
-            "max": max(seconds),
-            "iterations": len(seconds),
-            "tokens_per_second": s.BATCH * s.RESPONSE_TOKENS / median,
+        result = stepper.timed(args.warmup, args.iterations)
+        result |= {
+            "tokens_per_second": s.BATCH * s.RESPONSE_TOKENS / result["median_seconds_per_iteration"],
             **info(stepper),
         }
         print(json.dumps(result))

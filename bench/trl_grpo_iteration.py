@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -141,13 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.serve:
             serve(stepper, settings)
             return 0
-        for _ in range(args.warmup):
-            stepper.step()
-        seconds = [stepper.step() for _ in range(args.iterations)]
-        result = {
-            "median_seconds_per_iteration": statistics.median(seconds),
-            "min": min(seconds),
-            "iterations": len(seconds),
+        result = stepper.timed(args.warmup, args.iterations)
+        result |= {
             "peak_rss_bytes": tiny_ppo.peak_rss_bytes(),
             "versions": versions(),
             "settings": settings(stepper),

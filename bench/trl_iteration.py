@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -161,16 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.serve:
             serve(stepper)
             return 0
-        for _ in range(args.warmup):
-            stepper.step()
-        seconds = [stepper.step() for _ in range(args.iterations)]
-        median = statistics.median(seconds)
-        result = {
-            "median_seconds_per_iteration": median,
-            "min": min(seconds),
-            "max": max(seconds),
-            "iterations": len(seconds),
-            "tokens_per_second": s.BATCH * s.RESPONSE_TOKENS / median,
+        result = stepper.timed(args.warmup, args.iterations)
+        result |= {
+            "tokens_per_second": s.BATCH * s.RESPONSE_TOKENS / result["median_seconds_per_iteration"],
             "peak_rss_bytes": s.peak_rss_bytes(),
             "versions": versions(),
         }

@@ -5,19 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from ppo_ref.adapters import AdapterLoadError, get_adapter, parse_conventions
-from tests.thirdparty_env import assert_names_the_env_commands, import_without_library, run_json_in_env
+from tests.thirdparty_env import assert_loads_lazily, run_json_in_env
 
 MODULES = ("rlinf", "rlinf.algorithms.advantages", "rlinf.algorithms.losses", "rlinf.algorithms.utils")
 
 
 def test_the_adapter_imports_without_rlinf_and_names_the_env_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = import_without_library(monkeypatch, "rlinf", MODULES)
-    parse_conventions(module.RlinfAdapter.conventions)  # every declared key and value is known
-    assert set(module.RlinfAdapter.convention_sources) == set(module.RlinfAdapter.conventions)
-    with pytest.raises(AdapterLoadError) as raised:
-        get_adapter("rlinf")
-    assert_names_the_env_commands("rlinf", str(raised.value))
+    assert_loads_lazily(monkeypatch, "rlinf", "RlinfAdapter", MODULES)
 
 
 NUMBERS = """

@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from ppo_ref.adapters import AdapterLoadError, get_adapter, parse_conventions
-from tests.thirdparty_env import assert_names_the_env_commands, import_without_library, run_json_in_env
+from tests.thirdparty_env import assert_loads_lazily, run_json_in_env
 
 MODULES = ("swift", "swift.rl_core", "swift.rl_core.advantage", "swift.rlhf_trainers.grpo_trainer")
 
 
 def test_the_adapter_imports_without_swift_and_names_the_env_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = import_without_library(monkeypatch, "swift", MODULES)
-    parse_conventions(module.SwiftAdapter.conventions)  # every declared key and value is known
-    assert set(module.SwiftAdapter.convention_sources) == set(module.SwiftAdapter.conventions)
-    with pytest.raises(AdapterLoadError) as raised:
-        get_adapter("swift")
-    assert_names_the_env_commands("swift", str(raised.value))
+    assert_loads_lazily(monkeypatch, "swift", "SwiftAdapter", MODULES)
 
 
 NUMBERS = """

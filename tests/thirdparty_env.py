@@ -18,7 +18,8 @@ it).
 :func:`import_without_library`, :func:`assert_names_the_env_commands` and :func:`run_json_in_env` are
 the three steps every adapter test of a third-party library repeats: import the adapter with the
 library made unimportable, check the error that names the commands, and run a script in the library's
-environment that prints one JSON line.
+environment that prints one JSON line; :func:`assert_loads_lazily` is the first two with the
+adapter's declared conventions checked.
 """
 
 from __future__ import annotations
@@ -121,6 +122,22 @@ def assert_names_the_env_commands(name: str, message: str) -> None:
     assert f"adapter {name!r} needs " in message
     assert f"python tools/thirdparty_envs.py {name}" in message
     assert f".envs/{name}/bin/python -m pytest conformance/ --impl={name}" in message
+
+
+def assert_loads_lazily(
+    monkeypatch: pytest.MonkeyPatch, name: str, adapter: str, modules: Iterable[str]
+) -> None:
+    """With ``modules`` unimportable, ``ppo_ref.adapters.thirdparty.NAME`` still imports, its class
+    ``adapter`` declares only known conventions with a source for each, and ``get_adapter(NAME)``
+    fails with the one missing-library message."""
+    from ppo_ref.adapters import AdapterLoadError, get_adapter, parse_conventions
+
+    declared = getattr(import_without_library(monkeypatch, name, modules), adapter)
+    parse_conventions(declared.conventions)  # every declared key and value is known
+    assert set(declared.convention_sources) == set(declared.conventions)
+    with pytest.raises(AdapterLoadError) as raised:
+        get_adapter(name)
+    assert_names_the_env_commands(name, str(raised.value))
 
 
 def run_json_in_env(name: str, script: str, timeout: float = 300) -> Any:

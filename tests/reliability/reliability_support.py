@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 
-from tiny_task import PROMPTS, tiny_policy, tiny_reward_model, tiny_tokenizer
+from tiny_task import tiny_reward_model, tiny_tokenizer, write_tiny_inputs
 
 from tests.model_fixtures import one_thread, out_dir  # noqa: F401  (re-exported to the test modules)
 
@@ -22,12 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def write_local_inputs(directory: Path) -> dict[str, Path]:
     """A tiny policy (with tokenizer), a tiny reward model and a prompts file, as the CLI takes them."""
-    tokenizer = tiny_tokenizer()
-    paths = {"policy": directory / "policy", "reward": directory / "reward", "prompts": directory / "p.jsonl"}
-    tiny_policy(tokenizer).save_pretrained(paths["policy"])
-    tokenizer.save_pretrained(paths["policy"])
-    tiny_reward_model(tokenizer).save_pretrained(paths["reward"])
-    paths["prompts"].write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    paths = {name: Path(path) for name, path in write_tiny_inputs(directory).items()}
+    paths["reward"] = directory / "reward"
+    tiny_reward_model(tiny_tokenizer()).save_pretrained(paths["reward"])
     return paths
 
 

@@ -74,20 +74,26 @@ def count_a(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
 PROMPTS = ["abc", "hgf", "d", "ee e", "bach", "cafe", "g", "ab ab", "fed", "hh", "a", "bb"]
 
 
-def tiny_cli_argv(tmp_path: Path, *flags: str) -> list[str]:
-    """argv of a tiny ``train`` run from the command line: the tiny policy and tokenizer saved under
-    ``tmp_path/policy``, the PROMPTS in ``tmp_path/prompts.jsonl``, the reward ``tiny_task:count_a``,
-    2 iterations of 8 rollouts of 5 new tokens in 2 minibatches, 4 eval samples, no progress bar,
-    TensorBoard or plots; then ``flags``."""
+def write_tiny_inputs(directory: Path) -> dict[str, str]:
+    """What the command line takes instead of a task: the tiny policy with its tokenizer saved in
+    ``directory/policy`` and the PROMPTS in ``directory/prompts.jsonl`` (keys ``policy``, ``prompts``)."""
     tokenizer = tiny_tokenizer()
-    policy_dir = tmp_path / "policy"
-    tiny_policy(tokenizer).save_pretrained(policy_dir)
-    tokenizer.save_pretrained(policy_dir)
-    prompts = tmp_path / "prompts.jsonl"
+    policy = directory / "policy"
+    tiny_policy(tokenizer).save_pretrained(policy)
+    tokenizer.save_pretrained(policy)
+    prompts = directory / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    argv = ["train", "--policy", str(policy_dir), "--reward", "tiny_task:count_a", "--prompts", str(prompts)]
-    argv += ["--iterations", "2", "--rollout-batch-size", "8", "--max-new-tokens", "5"]
-    argv += ["--num-minibatches", "2", "--eval-samples", "4"]
+    return {"policy": str(policy), "prompts": str(prompts)}
+
+
+def tiny_cli_argv(tmp_path: Path, *flags: str) -> list[str]:
+    """argv of a tiny ``train`` run from the command line: the :func:`write_tiny_inputs` in
+    ``tmp_path``, the reward ``tiny_task:count_a``, 2 iterations of 8 rollouts of 5 new tokens in 2
+    minibatches, 4 eval samples, no progress bar, TensorBoard or plots; then ``flags``."""
+    inputs = write_tiny_inputs(tmp_path)
+    argv = ["train", "--policy", inputs["policy"], "--prompts", inputs["prompts"]]
+    argv += ["--reward", "tiny_task:count_a", "--iterations", "2", "--rollout-batch-size", "8"]
+    argv += ["--max-new-tokens", "5", "--num-minibatches", "2", "--eval-samples", "4"]
     return [*argv, "--no-progress-bar", "--no-tensorboard", "--no-plots", *flags]
 
 

@@ -287,10 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stepper = TrainStepper(make_grpo_trainer(tempfile.mkdtemp(prefix="ppo-ref-grpo-bench-"), args.beta))
     try:
-        result = stepper.timed(args.warmup, args.iterations)
-        result |= {
-            **info(stepper),
-        }
+        result = stepper.timed(args.warmup, args.iterations) | info(stepper)
         print(json.dumps(result))
     finally:
         stepper.close()

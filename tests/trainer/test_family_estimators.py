@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_task import tiny_cli_argv, tiny_config, tiny_policy, tiny_setup, tiny_tokenizer
+from tiny_task import config_choices, tiny_cli_argv, tiny_config, tiny_policy, tiny_setup, tiny_tokenizer
 
 from ppo_ref import cli, gae, group_advantages, masked_whiten
 from ppo_ref.trainer import PPOTrainer, TrainerConfig
@@ -33,7 +33,7 @@ ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++-base
 
 
 def test_the_table_the_config_and_the_flag_name_the_same_estimators() -> None:
-    choices = set(typing_args(TrainerConfig, "advantage_estimator"))
+    choices = config_choices("advantage_estimator")
     assert choices == set(ADVANTAGE_ESTIMATORS) == set(ESTIMATORS)
     assert set(CRITIC_FREE_ESTIMATORS) == choices - {"gae"}
     assert set(GROUP_ESTIMATORS) < set(CRITIC_FREE_ESTIMATORS)
@@ -49,12 +49,6 @@ def test_the_table_the_config_and_the_flag_name_the_same_estimators() -> None:
     assert TrainerConfig().uses_critic and TrainerConfig().advantage_estimator == "gae"
     for name in CRITIC_FREE_ESTIMATORS:
         assert not TrainerConfig(advantage_estimator=name, group_size=2).uses_critic
-
-
-def typing_args(cls: type, name: str) -> tuple[object, ...]:
-    import typing
-
-    return typing.get_args(typing.get_type_hints(cls)[name])
 
 
 # -- from the command line ------------------------------------------------------------------------

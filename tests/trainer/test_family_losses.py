@@ -9,13 +9,12 @@ rewards into the loss; the new statistics reach metrics.jsonl only in runs that 
 from __future__ import annotations
 
 import json
-import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tiny_task import tiny_cli_argv, tiny_config, tiny_setup
+from tiny_task import config_choices, tiny_cli_argv, tiny_config, tiny_setup
 
 from ppo_ref import cispo_loss, cli, gspo_loss, kl_loss, policy_loss, token_rewards
 from ppo_ref.aggregation import LOSS_AGGREGATIONS
@@ -26,20 +25,13 @@ from ppo_ref.trainer.estimators import POLICY_LOSSES, WholeMinibatch, trainer_po
 from ppo_ref.trainer.update import corrected_advantages, minibatch_backward
 
 
-def _choices(name: str) -> set[object]:
-    annotation = typing.get_type_hints(TrainerConfig)[name]
-    members = typing.get_args(annotation)
-    literal = next((m for m in members if typing.get_origin(m) is typing.Literal), annotation)
-    return set(typing.get_args(literal))
-
-
 def test_the_config_offers_every_mode_of_the_reference() -> None:
-    assert _choices("policy_loss") == set(POLICY_LOSSES) == {"ppo", "gspo", "cispo"}
-    assert _choices("loss_agg") == set(LOSS_AGGREGATIONS)
-    assert _choices("kl_loss_estimator") == set(KL_LOSS_ESTIMATORS)
-    assert _choices("kl_in") == {"reward", "loss"}
+    assert config_choices("policy_loss") == set(POLICY_LOSSES) == {"ppo", "gspo", "cispo"}
+    assert config_choices("loss_agg") == set(LOSS_AGGREGATIONS)
+    assert config_choices("kl_loss_estimator") == set(KL_LOSS_ESTIMATORS)
+    assert config_choices("kl_in") == {"reward", "loss"}
     levels = {"token", "sequence", "geometric"}
-    assert _choices("rollout_correction") == {"none"} | {
+    assert config_choices("rollout_correction") == {"none"} | {
         f"{lv}-{m}" for lv in levels for m in ("truncate", "mask")
     }
     default = TrainerConfig()

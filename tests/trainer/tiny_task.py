@@ -7,6 +7,7 @@ default dropout (0.1), so every test also exercises the trainer's dropout switch
 from __future__ import annotations
 
 import json
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,15 @@ def tiny_cli_argv(tmp_path: Path, *flags: str) -> list[str]:
     argv += ["--reward", "tiny_task:count_a", "--iterations", "2", "--rollout-batch-size", "8"]
     argv += ["--max-new-tokens", "5", "--num-minibatches", "2", "--eval-samples", "4"]
     return [*argv, "--no-progress-bar", "--no-tensorboard", "--no-plots", *flags]
+
+
+def config_choices(name: str) -> set[object]:
+    """The values TrainerConfig's field ``name`` may take: the members of its ``Literal`` (None
+    aside where the field is optional)."""
+    annotation = typing.get_type_hints(TrainerConfig)[name]
+    members = typing.get_args(annotation)
+    literal = next((m for m in members if typing.get_origin(m) is typing.Literal), annotation)
+    return set(typing.get_args(literal))
 
 
 def tiny_setup(pad_equals_eos: bool = False, reward_model: bool = False, seed: int = 0) -> TrainingSetup:

@@ -32,7 +32,8 @@ import torch
 from torch import Tensor
 
 from bench import tiny_grpo as g
-from bench.ppo_ref_side import TrainStepper, info, reply
+from bench.ppo_ref_side import TrainStepper, info
+from bench.worker import reply
 
 __all__ = ["BareGrpo", "grpo_config", "make_grpo_trainer", "serve"]
 
@@ -286,15 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stepper = TrainStepper(make_grpo_trainer(tempfile.mkdtemp(prefix="ppo-ref-grpo-bench-"), args.beta))
     try:
-        for _ in range(args.warmup):
-            stepper.step()
-        seconds = [stepper.step() for _ in range(args.iterations)]
-        result = {
-            "median_seconds_per_iteration": statistics.median(seconds),
-            "min": min(seconds),
-            "iterations": len(seconds),
-            **info(stepper),
-        }
+        result = stepper.timed(args.warmup, args.iterations) | info(stepper)
         print(json.dumps(result))
     finally:
         stepper.close()

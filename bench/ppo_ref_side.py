@@ -20,9 +20,7 @@ import cProfile
 import json
 import pstats
 import statistics
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,6 +30,9 @@ import torch
 from torch import Tensor
 
 from bench import tiny_ppo as s
+from bench.paused_train import PausedTrain
+from bench.worker import reply
+from bench.worker import serve as serve_requests
 
 __all__ = ["BareCompute", "TrainStepper", "make_trainer", "serve"]
 
@@ -90,11 +91,7 @@ def make_trainer(out_dir: str, **overrides: Any) -> Any:
     return PPOTrainer(bench_config(out_dir, **overrides), setup)
 
 
-class _Stop(Exception):
-    """Raised inside the training thread to end ``train()`` when the stepper closes."""
-
-
-class TrainStepper:
+class TrainStepper(PausedTrain):
     """Runs ``trainer.train()`` in a thread that waits at the start of every iteration.
 
     ``step()`` lets exactly one iteration run (rollout, update, checks, metrics, audit log,
@@ -103,26 +100,16 @@ class TrainStepper:
     """
 
     def __init__(self, trainer: Any) -> None:
+        super().__init__("ppo-ref", " (config.iterations too small?)")
         self.trainer = trainer
-        self.steps = 0
-        self.cpu_seconds: list[float] = []  # process CPU seconds of each step (less load-sensitive than wall)
-        self._go = threading.Semaphore(0)
-        self._done = threading.Semaphore(0)
-        self._stopping = False
-        self._error: BaseException | None = None
         self._profiler: cProfile.Profile | None = None
         self._profile_left = 0
         original: Callable[..., Any] = trainer.collect_rollout
-        threads = torch.get_num_threads()
 
         def paused_collect_rollout(iteration: int, timings: dict[str, float] | None = None) -> Any:
-            torch.set_num_threads(threads)  # OpenMP settings are per thread: apply them to this one too
             if self._profiler is not None:
                 self._profiler.disable()  # the pause is not part of any iteration
-            self._done.release()
-            self._go.acquire()
-            if self._stopping:
-                raise _Stop
+            self.pause()
             if self._profile_left > 0:
                 self._profile_left -= 1
                 self._profiler = self._profiler or cProfile.Profile()
@@ -130,37 +117,7 @@ class TrainStepper:
             return original(iteration, timings)
 
         trainer.collect_rollout = paused_collect_rollout
-        self._thread = threading.Thread(target=self._train, name="ppo-ref-train", daemon=True)
-        self._thread.start()
-        self._done.acquire()  # initial evaluation done, paused before iteration 0
-        self._raise_if_failed()
-
-    def _train(self) -> None:
-        try:
-            self.trainer.train()
-        except _Stop:
-            pass
-        except BaseException as error:  # reported to the caller of step()
-            self._error = error
-        finally:
-            self._done.release()
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"ppo-ref's train() failed: {self._error!r}") from self._error
-        if not self._thread.is_alive() and not self._stopping:
-            raise RuntimeError("ppo-ref's train() returned early (config.iterations too small?)")
-
-    def step(self) -> float:
-        """Run one iteration of ``train()``; return its wall seconds."""
-        began, cpu_began = time.perf_counter(), time.process_time()
-        self._go.release()
-        self._done.acquire()
-        seconds = time.perf_counter() - began
-        self.cpu_seconds.append(time.process_time() - cpu_began)  # every thread of the process
-        self._raise_if_failed()
-        self.steps += 1
-        return seconds
+        self.start(trainer.train, "ppo-ref-train")  # initial evaluation done, paused before iteration 0
 
     def profile(self, iterations: int) -> pstats.Stats:
         """Run ``iterations`` iterations under cProfile (in the training thread); return the stats."""
@@ -175,13 +132,6 @@ class TrainStepper:
         """The metrics.jsonl records written so far (one per finished iteration)."""
         path = Path(self.trainer.config.out) / "metrics.jsonl"
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-    def close(self) -> None:
-        """End ``train()`` (it closes its files) and wait for the thread."""
-        if self._thread.is_alive():
-            self._stopping = True
-            self._go.release()
-            self._thread.join(timeout=60)
 
 
 def _median_seconds(call: Callable[[], object], repeats: int, cpu: list[float] | None = None) -> float:
@@ -340,24 +290,20 @@ def serve() -> None:
     trainer = make_trainer(out_dir)
     bare = BareCompute(trainer)  # copies the initial models (about 1 MB) before any update
     stepper = TrainStepper(trainer)
+
+    def profile(request: dict[str, Any]) -> dict[str, Any]:
+        return profile_summary(stepper.profile(int(request["n"])), int(request["n"]))
+
     reply({"ready": True, "peak_rss_bytes": s.peak_rss_bytes()})
     try:
-        for line in sys.stdin:
-            command = json.loads(line)
-            if command["cmd"] == "iterations":
-                seconds = [stepper.step() for _ in range(int(command["n"]))]
-                reply({"seconds": seconds, "cpu_seconds": stepper.cpu_seconds[-len(seconds) :]})
-            elif command["cmd"] == "bare":
-                reply(bare.measure(int(command.get("repeats", 3))))
-            elif command["cmd"] == "profile":
-                stats = stepper.profile(int(command["n"]))
-                reply(profile_summary(stats, int(command["n"])))
-            elif command["cmd"] == "info":
-                reply(info(stepper, int(command.get("skip", 0))))
-            elif command["cmd"] == "quit":
-                break
-            else:
-                reply({"error": f"unknown command: {command}"})
+        serve_requests(
+            {
+                "iterations": stepper.iterations,
+                "bare": lambda request: bare.measure(int(request.get("repeats", 3))),
+                "profile": profile,
+                "info": lambda request: info(stepper, int(request.get("skip", 0))),
+            }
+        )
     finally:
         stepper.close()
 
@@ -419,11 +365,6 @@ def info(stepper: TrainStepper, skip: int = 0) -> dict[str, Any]:
     }
 
 
-def reply(message: dict[str, Any]) -> None:
-    s.protocol_stream().write(json.dumps(message) + "\n")
-    s.protocol_stream().flush()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--serve", action="store_true", help="worker mode for tools/run_bench.py")
@@ -437,16 +378,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stepper = TrainStepper(make_trainer(tempfile.mkdtemp(prefix="ppo-ref-bench-")))
     try:
-        for _ in range(args.warmup):
-            stepper.step()
-        seconds = [stepper.step() for _ in range(args.iterations)]
-        median = statistics.median(seconds)
-        result = {
-            "median_seconds_per_iteration": median,
-            "min": min(seconds),
-            "max": max(seconds),
-            "iterations": len(seconds),
-            "tokens_per_second": s.BATCH * s.RESPONSE_TOKENS / median,
+        result = stepper.timed(args.warmup, args.iterations)
+        result |= {
+            "tokens_per_second": s.BATCH * s.RESPONSE_TOKENS / result["median_seconds_per_iteration"],
             **info(stepper),
         }
         print(json.dumps(result))

@@ -32,17 +32,6 @@ def primitive_table(results_dir: Path, primitives: dict[str, Any]) -> dict[str, 
     return table
 
 
-def _versions(results_dir: Path, primitives: dict[str, Any]) -> dict[str, str]:
-    versions = {}
-    for impl, entry in primitives.items():
-        path = results_dir / entry["json"][0]
-        if path.exists():
-            benches = json.loads(path.read_text())["benchmarks"]
-            if benches:
-                versions[impl] = str(benches[0]["extra_info"].get("version"))
-    return versions
-
-
 def adapter_versions(results_dir: Path, primitives: dict[str, Any]) -> dict[str, str]:
     versions = {}
     for impl, entry in primitives.items():

@@ -36,7 +36,7 @@ def _decode_worker() -> None:
     from bench import tiny_grpo as g
     from bench import tiny_ppo
     from bench.grpo_side import BareGrpo
-    from bench.ppo_ref_side import reply
+    from bench.worker import reply
     from ppo_ref.trainer.generation import generate
 
     bare = BareGrpo(0.0)
@@ -84,7 +84,8 @@ def _decode_worker() -> None:
 def _trainer_worker(sampler: str, beta: float) -> None:
     from bench import tiny_ppo
     from bench.grpo_side import make_grpo_trainer
-    from bench.ppo_ref_side import TrainStepper, info, reply
+    from bench.ppo_ref_side import TrainStepper, info
+    from bench.worker import reply
 
     out = tempfile.mkdtemp(prefix=f"ppo-ref-sampler-{sampler}-")
     began = time.perf_counter()  # the build includes the initial evaluation, the compile's first call

@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -42,7 +40,7 @@ import torch
 
 from bench import tiny_grpo as g
 from bench import tiny_ppo
-from bench.trl_iteration import TrlStepper
+from bench.trl_iteration import TrlStepper, serve, versions
 
 __all__ = ["grpo_trl_config", "make_trl_grpo_trainer"]
 
@@ -107,21 +105,6 @@ def make_trl_grpo_trainer(out_dir: str, callbacks: list[Any], beta: float) -> An
     )
 
 
-def versions() -> dict[str, str]:
-    import accelerate
-    import datasets
-    import transformers
-    import trl
-
-    return {
-        "trl": trl.__version__,
-        "transformers": transformers.__version__,
-        "accelerate": accelerate.__version__,
-        "datasets": datasets.__version__,
-        "torch": torch.__version__,
-    }
-
-
 def settings(stepper: TrlStepper) -> dict[str, Any]:
     """The settings TRL actually ran with (read back from the trainer, not from this file)."""
     args = stepper.trainer.args
@@ -137,36 +120,6 @@ def settings(stepper: TrlStepper) -> dict[str, Any]:
     found["optimizer"] = type(stepper.trainer.optimizer).__name__ if stepper.trainer.optimizer else None
     found["lr_scheduler_type"] = str(args.lr_scheduler_type)
     return found
-
-
-def serve(stepper: TrlStepper) -> None:
-    """The worker protocol of ``bench/ppo_ref_side.py``: ``iterations``, ``info``, ``quit``."""
-    tiny_ppo.protocol_stream().write(
-        json.dumps({"ready": True, "peak_rss_bytes": tiny_ppo.peak_rss_bytes()}) + "\n"
-    )
-    tiny_ppo.protocol_stream().flush()
-    for line in sys.stdin:
-        command = json.loads(line)
-        if command["cmd"] == "iterations":
-            seconds = [stepper.step() for _ in range(int(command["n"]))]
-            message: dict[str, Any] = {
-                "seconds": seconds,
-                "cpu_seconds": stepper.cpu_seconds[-len(seconds) :],
-            }
-        elif command["cmd"] == "info":
-            message = {
-                "peak_rss_bytes": tiny_ppo.peak_rss_bytes(),
-                "iterations_logged": stepper.global_step(),
-                "versions": versions(),
-                "settings": settings(stepper),
-                "threads": torch.get_num_threads(),
-            }
-        elif command["cmd"] == "quit":
-            break
-        else:
-            message = {"error": f"unknown command: {command}"}
-        tiny_ppo.protocol_stream().write(json.dumps(message) + "\n")
-        tiny_ppo.protocol_stream().flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,15 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         if args.serve:
-            serve(stepper)
+            serve(stepper, settings)
             return 0
-        for _ in range(args.warmup):
-            stepper.step()
-        seconds = [stepper.step() for _ in range(args.iterations)]
-        result = {
-            "median_seconds_per_iteration": statistics.median(seconds),
-            "min": min(seconds),
-            "iterations": len(seconds),
+        result = stepper.timed(args.warmup, args.iterations)
+        result |= {
             "peak_rss_bytes": tiny_ppo.peak_rss_bytes(),
             "versions": versions(),
             "settings": settings(stepper),

@@ -24,11 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import sys
 import tempfile
-import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,12 +33,11 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 import torch
 
 from bench import tiny_ppo as s
+from bench.paused_train import PausedTrain
+from bench.worker import reply
+from bench.worker import serve as serve_requests
 
 __all__ = ["TrlStepper", "make_trl_trainer"]
-
-
-class _Stop(Exception):
-    """Raised inside the training thread to end TRL's ``train()``."""
 
 
 def make_trl_trainer(out_dir: str, callbacks: list[Any]) -> Any:
@@ -95,76 +90,28 @@ def make_trl_trainer(out_dir: str, callbacks: list[Any]) -> Any:
     )
 
 
-class TrlStepper:
+class TrlStepper(PausedTrain):
     """TRL's ``train()`` in a thread, paused at each iteration boundary; ``step()`` runs one."""
 
     def __init__(self, out_dir: str, factory: Callable[[list[Any]], Any] | None = None) -> None:
         """``factory(callbacks)`` builds the TRL trainer (default: :func:`make_trl_trainer`, PPO)."""
         from transformers import TrainerCallback
 
-        self.steps = 0
-        self.cpu_seconds: list[float] = []  # process CPU seconds of each step (less load-sensitive than wall)
-        self._go = threading.Semaphore(0)
-        self._done = threading.Semaphore(0)
-        self._stopping = False
-        self._error: BaseException | None = None
+        super().__init__("TRL")
         stepper = self
-        threads = torch.get_num_threads()
 
         class Pause(TrainerCallback):  # type: ignore[misc]
-            def _pause(self) -> None:
-                torch.set_num_threads(threads)  # OpenMP settings are per thread: apply them here too
-                stepper._done.release()
-                stepper._go.acquire()
-                if stepper._stopping:
-                    raise _Stop
-
             def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                self._pause()
+                stepper.pause()
 
             def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                self._pause()
+                stepper.pause()
 
         self.trainer = make_trl_trainer(out_dir, [Pause()]) if factory is None else factory([Pause()])
-        self._thread = threading.Thread(target=self._train, name="trl-train", daemon=True)
-        self._thread.start()
-        self._done.acquire()
-        self._raise_if_failed()
-
-    def _train(self) -> None:
-        try:
-            self.trainer.train()
-        except _Stop:
-            pass
-        except BaseException as error:
-            self._error = error
-        finally:
-            self._done.release()
-
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"TRL's train() failed: {self._error!r}") from self._error
-        if not self._thread.is_alive() and not self._stopping:
-            raise RuntimeError("TRL's train() returned early")
-
-    def step(self) -> float:
-        began, cpu_began = time.perf_counter(), time.process_time()
-        self._go.release()
-        self._done.acquire()
-        seconds = time.perf_counter() - began
-        self.cpu_seconds.append(time.process_time() - cpu_began)  # every thread of the process
-        self._raise_if_failed()
-        self.steps += 1
-        return seconds
+        self.start(self.trainer.train, "trl-train")
 
     def global_step(self) -> int:
         return int(self.trainer.state.global_step)
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._stopping = True
-            self._go.release()
-            self._thread.join(timeout=60)
 
 
 def versions() -> dict[str, str]:
@@ -182,30 +129,21 @@ def versions() -> dict[str, str]:
     }
 
 
-def reply(message: dict[str, Any]) -> None:
-    s.protocol_stream().write(json.dumps(message) + "\n")
-    s.protocol_stream().flush()
+def serve(stepper: TrlStepper, settings: Callable[[TrlStepper], dict[str, Any]] | None = None) -> None:
+    """The worker protocol of ``bench/ppo_ref_side.py``: ``iterations``, ``info``, ``quit``; ``info``
+    includes ``settings(stepper)`` where given (the GRPO side's settings read back from TRL)."""
 
+    def info(_: dict[str, Any]) -> dict[str, Any]:
+        found = {
+            "peak_rss_bytes": s.peak_rss_bytes(),
+            "iterations_logged": stepper.global_step(),
+            "versions": versions(),
+            "threads": torch.get_num_threads(),
+        }
+        return found if settings is None else {**found, "settings": settings(stepper)}
 
-def serve(stepper: TrlStepper) -> None:
-    """The worker protocol of ``bench/ppo_ref_side.py``: ``iterations``, ``info``, ``quit``."""
     reply({"ready": True, "peak_rss_bytes": s.peak_rss_bytes()})
-    for line in sys.stdin:
-        command = json.loads(line)
-        if command["cmd"] == "iterations":
-            seconds = [stepper.step() for _ in range(int(command["n"]))]
-            reply({"seconds": seconds, "cpu_seconds": stepper.cpu_seconds[-len(seconds) :]})
-        elif command["cmd"] == "info":
-            reply(
-                {
-                    "peak_rss_bytes": s.peak_rss_bytes(),
-                    "iterations_logged": stepper.global_step(),
-                    "versions": versions(),
-                    "threads": torch.get_num_threads(),
-                }
-            )
-        elif command["cmd"] == "quit":
-            break
+    serve_requests({"iterations": stepper.iterations, "info": info})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,16 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.serve:
             serve(stepper)
             return 0
-        for _ in range(args.warmup):
-            stepper.step()
-        seconds = [stepper.step() for _ in range(args.iterations)]
-        median = statistics.median(seconds)
-        result = {
-            "median_seconds_per_iteration": median,
-            "min": min(seconds),
-            "max": max(seconds),
-            "iterations": len(seconds),
-            "tokens_per_second": s.BATCH * s.RESPONSE_TOKENS / median,
+        result = stepper.timed(args.warmup, args.iterations)
+        result |= {
+            "tokens_per_second": s.BATCH * s.RESPONSE_TOKENS / result["median_seconds_per_iteration"],
             "peak_rss_bytes": s.peak_rss_bytes(),
             "versions": versions(),
         }

@@ -310,23 +310,30 @@ class Inference:
         changed: list[Alternative] = []
         singles = self._singles(ops)
         for alternative in singles:
-            failure = self._run(item, self._plain(alternative.apply(self.context.conventions)), None)
-            if failure is None or failure.startswith(SKIPPED):
-                if failure is None:
-                    self._verified.setdefault(alternative, set()).add(item.nodeid)
-                if self._clause_passes(alternative, clauses, ops):
-                    return Match(alternative, tuple(sorted(clauses)), ops)
+            failure, match = self._try(item, alternative, clauses, ops)
+            if match is not None:
+                return match
             if failure != declared:
                 changed.append(alternative)
         dependent = [a for a in singles if INFERABLE[a.keys[0]].requires in {c.keys[0] for c in changed}]
         for alternative in self._pairs([*changed, *(a for a in dependent if a not in changed)], ops):
-            failure = self._run(item, self._plain(alternative.apply(self.context.conventions)), None)
-            if failure is None or failure.startswith(SKIPPED):
-                if failure is None:
-                    self._verified.setdefault(alternative, set()).add(item.nodeid)
-                if self._clause_passes(alternative, clauses, ops):
-                    return Match(alternative, tuple(sorted(clauses)), ops)
+            match = self._try(item, alternative, clauses, ops)[1]
+            if match is not None:
+                return match
         return None
+
+    def _try(
+        self, item: pytest.Item, alternative: Alternative, clauses: frozenset[str], ops: tuple[str, ...]
+    ) -> tuple[str | None, Match | None]:
+        """Re-run ``item`` under ``alternative``: its failure (``None`` where it passed, noted as
+        verified), and the match it makes where it passes or skips and explains the clauses."""
+        failure = self._run(item, self._plain(alternative.apply(self.context.conventions)), None)
+        if failure is None or failure.startswith(SKIPPED):
+            if failure is None:
+                self._verified.setdefault(alternative, set()).add(item.nodeid)
+            if self._clause_passes(alternative, clauses, ops):
+                return failure, Match(alternative, tuple(sorted(clauses)), ops)
+        return failure, None
 
     # --- the suggestions ---
 

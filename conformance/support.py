@@ -330,6 +330,16 @@ def _skip_unsupported(ctx: Context, op: str, kwargs: Mapping[str, object]) -> No
     pytest.skip(f"not provided: {reason}")
 
 
+def batch_kwargs(
+    batch: object, names: Iterable[str], optional: Iterable[str] = (), **overrides: object
+) -> dict[str, Any]:
+    """An op's keyword arguments from the drawn ``batch``'s fields of the same names: each of
+    ``names``, then each of ``optional`` whose field is not None, then ``overrides`` (which win)."""
+    kwargs: dict[str, Any] = {name: getattr(batch, name) for name in names}
+    kwargs.update((name, getattr(batch, name)) for name in optional if getattr(batch, name) is not None)
+    return {**kwargs, **overrides}
+
+
 def call_both(ctx: Context, op: str, **kwargs: object) -> tuple[Any, Any]:
     """(implementation, reference variant) results of ``op`` on fresh copies of the same inputs.
 

@@ -20,6 +20,7 @@ from .support import (
     Context,
     as_tensor,
     assert_close,
+    batch_kwargs,
     call_both,
     call_impl,
     examples,
@@ -47,10 +48,7 @@ def _by_aggregation(*extra: str) -> pytest.MarkDecorator:
 
 
 def _agg_kwargs(batch: cs.AggregationBatch, **overrides: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"per_token": batch.per_token, "mask": batch.mask, "loss_agg": batch.loss_agg}
-    if batch.norm_constant is not None:
-        kwargs["norm_constant"] = batch.norm_constant
-    return {**kwargs, **overrides}
+    return batch_kwargs(batch, ("per_token", "mask", "loss_agg"), ("norm_constant",), **overrides)
 
 
 def _scale(x: Tensor, mask: Tensor) -> float:

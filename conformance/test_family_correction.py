@@ -16,7 +16,16 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from . import strategies as cs
-from .support import Context, as_tensor, assert_close, call_both, call_impl, examples, note_repro
+from .support import (
+    Context,
+    as_tensor,
+    assert_close,
+    batch_kwargs,
+    call_both,
+    call_impl,
+    examples,
+    note_repro,
+)
 
 pytestmark = pytest.mark.ops("rollout_correction")
 
@@ -24,14 +33,7 @@ F64 = torch.float64
 
 
 def _kwargs(batch: cs.CorrectionBatch, **overrides: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "logp": batch.logp,
-        "rollout_logp": batch.rollout_logp,
-        "mask": batch.mask,
-        "level": batch.level,
-        "mode": batch.mode,
-        "high": batch.high,
-    }
+    kwargs = batch_kwargs(batch, ("logp", "rollout_logp", "mask", "level", "mode", "high"))
     if batch.low is not None and batch.low <= batch.high:
         kwargs["low"] = batch.low
     return {**kwargs, **overrides}

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch import Tensor
 
 from . import strategies as cs
-from .support import Context, as_tensor, assert_close, call_both, examples, grad_of, note_repro
+from .support import Context, as_tensor, assert_close, batch_kwargs, call_both, examples, grad_of, note_repro
 
 pytestmark = pytest.mark.ops("kl_loss")
 
@@ -41,16 +41,8 @@ def _aggs(ctx: Context) -> tuple[str, ...]:
 
 
 def _kwargs(batch: cs.KLLossBatch, **overrides: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "logp": batch.logp,
-        "ref_logp": batch.ref_logp,
-        "mask": batch.mask,
-        "estimator": batch.estimator,
-        "loss_agg": batch.loss_agg,
-    }
-    if batch.norm_constant is not None:
-        kwargs["norm_constant"] = batch.norm_constant
-    return {**kwargs, **overrides}
+    names = ("logp", "ref_logp", "mask", "estimator", "loss_agg")
+    return batch_kwargs(batch, names, ("norm_constant",), **overrides)
 
 
 @_by_estimator("KLL-1", "KLL-3")

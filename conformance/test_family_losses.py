@@ -20,6 +20,7 @@ from .support import (
     Context,
     as_tensor,
     assert_close,
+    batch_kwargs,
     call_both,
     call_impl,
     computed_dtype,
@@ -96,19 +97,8 @@ def _draw_clip(ctx: Context, data: st.DataObject, options: str) -> cs.ClipBatch:
 
 
 def _clip_kwargs(batch: cs.ClipBatch, **overrides: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "logp": batch.logp,
-        "old_logp": batch.old_logp,
-        "advantages": batch.advantages,
-        "mask": batch.mask,
-        "clip_eps": batch.clip_eps,
-        "loss_agg": batch.loss_agg,
-    }
-    if batch.clip_eps_high is not None:
-        kwargs["clip_eps_high"] = batch.clip_eps_high
-    if batch.dual_clip is not None:
-        kwargs["dual_clip"] = batch.dual_clip
-    return {**kwargs, **overrides}
+    names = ("logp", "old_logp", "advantages", "mask", "clip_eps", "loss_agg")
+    return batch_kwargs(batch, names, ("clip_eps_high", "dual_clip"), **overrides)
 
 
 def _clip_edges(ctx: Context, batch: cs.ClipBatch) -> list[float]:
@@ -241,16 +231,8 @@ def test_clip_statistics_match_the_reference(ctx: Context, options: str, data: s
 
 
 def _gspo_kwargs(batch: cs.GSPOBatch, **overrides: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "logp": batch.logp,
-        "old_logp": batch.old_logp,
-        "advantages": batch.advantages,
-        "mask": batch.mask,
-        "clip_eps": batch.clip_eps,
-    }
-    if batch.clip_eps_high is not None:
-        kwargs["clip_eps_high"] = batch.clip_eps_high
-    return {**kwargs, **overrides}
+    names = ("logp", "old_logp", "advantages", "mask", "clip_eps")
+    return batch_kwargs(batch, names, ("clip_eps_high",), **overrides)
 
 
 def _sequence_ratios(batch: cs.GSPOBatch) -> tuple[Tensor, Tensor, Tensor]:
@@ -350,18 +332,8 @@ def _cispo_kwargs(ctx: Context, batch: cs.CISPOBatch, **overrides: Any) -> dict[
     high = batch.clip_high
     if ctx.conventions.cispo_bounds == "absolute-cap":
         high = max(high, 1.0)  # an absolute cap below 1 is not a CISPO setting anyone uses
-    kwargs: dict[str, Any] = {
-        "logp": batch.logp,
-        "old_logp": batch.old_logp,
-        "advantages": batch.advantages,
-        "mask": batch.mask,
-        "clip_low": batch.clip_low,
-        "clip_high": high,
-        "loss_agg": batch.loss_agg,
-    }
-    if batch.norm_constant is not None:
-        kwargs["norm_constant"] = batch.norm_constant
-    return {**kwargs, **overrides}
+    names = ("logp", "old_logp", "advantages", "mask", "clip_low", "clip_high", "loss_agg")
+    return batch_kwargs(batch, names, ("norm_constant",), **{"clip_high": high, **overrides})
 
 
 def _cispo_bounds(ctx: Context, clip_low: float, clip_high: float) -> tuple[float, float]:

@@ -18,6 +18,7 @@ from .support import (
     Context,
     as_tensor,
     assert_close,
+    batch_kwargs,
     call_both,
     call_impl,
     examples,
@@ -34,16 +35,9 @@ def _outputs(result: Any) -> tuple[Tensor, Tensor]:
 
 
 def _kwargs(batch: cs.GAEBatch, mask: Tensor | None = None) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {
-        "rewards": batch.rewards,
-        "values": batch.values,
-        "mask": batch.mask if mask is None else mask,
-        "gamma": batch.gamma,
-        "lam": batch.lam,
-    }
-    if batch.last_values is not None:
-        kwargs["last_values"] = batch.last_values
-    return kwargs
+    names = ("rewards", "values", "mask", "gamma", "lam")
+    kwargs = batch_kwargs(batch, names, ("last_values",))
+    return kwargs if mask is None else {**kwargs, "mask": mask}
 
 
 def _assume_whitenable(ctx: Context, mask: Tensor) -> None:

@@ -25,6 +25,7 @@ from .support import (
     Context,
     as_tensor,
     assert_close,
+    batch_kwargs,
     call_impl,
     examples,
     grad_of,
@@ -63,14 +64,7 @@ def _kl(ctx: Context, data: st.DataObject) -> dict[str, Any]:
 
 def _rewards(ctx: Context, data: st.DataObject) -> dict[str, Any]:
     b = data.draw(cs.reward_batches(junk=False), label="batch")
-    return {
-        "scores": b.scores,
-        "logp": b.logp,
-        "ref_logp": b.ref_logp,
-        "mask": b.mask,
-        "kl_coef": b.kl_coef,
-        "estimator": _estimator(ctx, data),
-    }
+    return batch_kwargs(b, ("scores", "logp", "ref_logp", "mask", "kl_coef"), estimator=_estimator(ctx, data))
 
 
 def _gae(ctx: Context, data: st.DataObject) -> dict[str, Any]:
@@ -79,20 +73,12 @@ def _gae(ctx: Context, data: st.DataObject) -> dict[str, Any]:
     )
     if ctx.conventions.gae_whitening != "none":
         assume(int((b.mask != 0).sum()) >= 2)
-    kwargs = {"rewards": b.rewards, "values": b.values, "mask": b.mask, "gamma": b.gamma, "lam": b.lam}
-    return kwargs if b.last_values is None else {**kwargs, "last_values": b.last_values}
+    return batch_kwargs(b, ("rewards", "values", "mask", "gamma", "lam"), ("last_values",))
 
 
 def _policy(ctx: Context, data: st.DataObject) -> dict[str, Any]:
     b = data.draw(cs.policy_batches(loss_aggs=(_agg(ctx, data),), junk=False), label="batch")
-    return {
-        "logp": b.logp,
-        "old_logp": b.old_logp,
-        "advantages": b.advantages,
-        "mask": b.mask,
-        "clip_eps": b.clip_eps,
-        "loss_agg": b.loss_agg,
-    }
+    return batch_kwargs(b, ("logp", "old_logp", "advantages", "mask", "clip_eps", "loss_agg"))
 
 
 def _value(ctx: Context, data: st.DataObject) -> dict[str, Any]:
@@ -100,24 +86,12 @@ def _value(ctx: Context, data: st.DataObject) -> dict[str, Any]:
     b = data.draw(
         cs.value_batches(clip=data.draw(st.sampled_from(modes)) == "clipped", junk=False), label="batch"
     )
-    return {
-        "values": b.values,
-        "old_values": b.old_values,
-        "returns": b.returns,
-        "mask": b.mask,
-        "clip_eps": b.clip_eps,
-    }
+    return batch_kwargs(b, ("values", "old_values", "returns", "mask", "clip_eps"))
 
 
 def _penalty(ctx: Context, data: st.DataObject) -> dict[str, Any]:
     b = data.draw(cs.penalty_batches(junk=False), label="batch")
-    return {
-        "logp": b.logp,
-        "old_logp": b.old_logp,
-        "advantages": b.advantages,
-        "mask": b.mask,
-        "beta": b.beta,
-    }
+    return batch_kwargs(b, ("logp", "old_logp", "advantages", "mask", "beta"))
 
 
 OPS: dict[str, OpInputs] = {

@@ -19,6 +19,7 @@ from .support import (
     Context,
     as_tensor,
     assert_close,
+    batch_kwargs,
     call_both,
     call_impl,
     computed_dtype,
@@ -51,15 +52,9 @@ def _by_aggregation() -> pytest.MarkDecorator:
 
 
 def _kwargs(batch: cs.PolicyBatch, **overrides: Any) -> dict[str, Any]:
-    kwargs = {
-        "logp": batch.logp,
-        "old_logp": batch.old_logp,
-        "advantages": batch.advantages,
-        "mask": batch.mask,
-        "clip_eps": batch.clip_eps,
-        "loss_agg": batch.loss_agg,
-    }
-    return {**kwargs, **overrides}
+    return batch_kwargs(
+        batch, ("logp", "old_logp", "advantages", "mask", "clip_eps", "loss_agg"), **overrides
+    )
 
 
 def _supported(ctx: Context, data: st.DataObject) -> str:

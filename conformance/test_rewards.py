@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 from . import strategies as cs
-from .support import Context, as_tensor, assert_close, call_both, call_impl, examples
+from .support import Context, as_tensor, assert_close, batch_kwargs, call_both, call_impl, examples
 
 pytestmark = pytest.mark.ops("token_rewards")
 
 
 def _estimator(ctx: Context, data: st.DataObject) -> str:
     return data.draw(st.sampled_from(sorted(ctx.conventions.kl_estimators)), label="estimator")
+
+
+def _kwargs(batch: cs.RewardBatch, **overrides: Any) -> dict[str, Any]:
+    return batch_kwargs(batch, ("scores", "logp", "ref_logp", "mask", "kl_coef"), **overrides)
 
 
 @pytest.mark.clause("RWD-1")
@@ -24,15 +30,9 @@ def test_kl_penalty_on_every_action_token(ctx: Context, batch: cs.RewardBatch, d
     """With zero scores the rewards are exactly -kl_coef * kl on action tokens, 0 elsewhere."""
     estimator = _estimator(ctx, data)
     kl_coef = data.draw(st.floats(0.01, 1.0), label="kl_coef")
+    zero = torch.zeros_like(batch.scores)
     actual, expected = call_both(
-        ctx,
-        "token_rewards",
-        scores=torch.zeros_like(batch.scores),
-        logp=batch.logp,
-        ref_logp=batch.ref_logp,
-        mask=batch.mask,
-        kl_coef=kl_coef,
-        estimator=estimator,
+        ctx, "token_rewards", **_kwargs(batch, scores=zero, kl_coef=kl_coef, estimator=estimator)
     )
     assert_close(actual, expected, batch.logp.dtype, f"token_rewards with zero scores ({estimator})")
 
@@ -43,14 +43,7 @@ def test_kl_penalty_on_every_action_token(ctx: Context, batch: cs.RewardBatch, d
 def test_score_on_the_last_action_token(ctx: Context, batch: cs.RewardBatch, data: st.DataObject) -> None:
     """With kl_coef 0 the rewards are the score at the row's last action token and 0 elsewhere."""
     actual, expected = call_both(
-        ctx,
-        "token_rewards",
-        scores=batch.scores,
-        logp=batch.logp,
-        ref_logp=batch.ref_logp,
-        mask=batch.mask,
-        kl_coef=0.0,
-        estimator=_estimator(ctx, data),
+        ctx, "token_rewards", **_kwargs(batch, kl_coef=0.0, estimator=_estimator(ctx, data))
     )
     assert_close(actual, expected, batch.logp.dtype, "token_rewards with kl_coef 0 (score placement)")
 
@@ -59,16 +52,7 @@ def test_score_on_the_last_action_token(ctx: Context, batch: cs.RewardBatch, dat
 @examples()
 @given(batch=cs.reward_batches(), data=st.data())
 def test_token_rewards_match_the_reference(ctx: Context, batch: cs.RewardBatch, data: st.DataObject) -> None:
-    actual, expected = call_both(
-        ctx,
-        "token_rewards",
-        scores=batch.scores,
-        logp=batch.logp,
-        ref_logp=batch.ref_logp,
-        mask=batch.mask,
-        kl_coef=batch.kl_coef,
-        estimator=_estimator(ctx, data),
-    )
+    actual, expected = call_both(ctx, "token_rewards", **_kwargs(batch, estimator=_estimator(ctx, data)))
     assert_close(actual, expected, batch.logp.dtype, "token_rewards")
 
 
@@ -82,16 +66,7 @@ def test_rows_without_action_tokens_are_zero(
     mask = batch.mask.clone()
     mask[torch.tensor(empty, dtype=torch.bool)] = 0
     result = as_tensor(
-        call_impl(
-            ctx,
-            "token_rewards",
-            scores=batch.scores,
-            logp=batch.logp,
-            ref_logp=batch.ref_logp,
-            mask=mask,
-            kl_coef=batch.kl_coef,
-            estimator=_estimator(ctx, data),
-        ),
+        call_impl(ctx, "token_rewards", **_kwargs(batch, mask=mask, estimator=_estimator(ctx, data))),
         "token_rewards",
     )
     rows = (mask != 0).sum(dim=1) == 0

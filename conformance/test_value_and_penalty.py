@@ -18,6 +18,7 @@ from .support import (
     Context,
     as_tensor,
     assert_close,
+    batch_kwargs,
     call_both,
     call_impl,
     examples,
@@ -37,14 +38,7 @@ CLIP_MODES = [
 
 
 def _value_kwargs(batch: cs.ValueBatch, **overrides: Any) -> dict[str, Any]:
-    kwargs = {
-        "values": batch.values,
-        "old_values": batch.old_values,
-        "returns": batch.returns,
-        "mask": batch.mask,
-        "clip_eps": batch.clip_eps,
-    }
-    return {**kwargs, **overrides}
+    return batch_kwargs(batch, ("values", "old_values", "returns", "mask", "clip_eps"), **overrides)
 
 
 def _value_kinks(batch: cs.ValueBatch) -> Tensor:
@@ -129,14 +123,7 @@ def test_value_loss_of_chunks_recombined_by_token_counts_is_the_whole(
 
 
 def _penalty_kwargs(batch: cs.PenaltyBatch, **overrides: Any) -> dict[str, Any]:
-    kwargs = {
-        "logp": batch.logp,
-        "old_logp": batch.old_logp,
-        "advantages": batch.advantages,
-        "mask": batch.mask,
-        "beta": batch.beta,
-    }
-    return {**kwargs, **overrides}
+    return batch_kwargs(batch, ("logp", "old_logp", "advantages", "mask", "beta"), **overrides)
 
 
 @pytest.mark.clause("PEN-1")

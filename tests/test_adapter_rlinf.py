@@ -3,30 +3,15 @@ and in ``.envs/rlinf`` its ops give RLinf's numbers with the declared convention
 
 from __future__ import annotations
 
-import importlib
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from ppo_ref.adapters import AdapterLoadError, get_adapter, parse_conventions
-from tests.thirdparty_env import REPO, thirdparty_python
+from tests.thirdparty_env import assert_loads_lazily, run_json_in_env
 
 MODULES = ("rlinf", "rlinf.algorithms.advantages", "rlinf.algorithms.losses", "rlinf.algorithms.utils")
 
 
 def test_the_adapter_imports_without_rlinf_and_names_the_env_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in MODULES:
-        monkeypatch.setitem(sys.modules, module, None)
-    monkeypatch.delitem(sys.modules, "ppo_ref.adapters.thirdparty.rlinf", raising=False)
-    module = importlib.import_module("ppo_ref.adapters.thirdparty.rlinf")
-    parse_conventions(module.RlinfAdapter.conventions)  # every declared key and value is known
-    assert set(module.RlinfAdapter.convention_sources) == set(module.RlinfAdapter.conventions)
-    with pytest.raises(AdapterLoadError) as raised:
-        get_adapter("rlinf")
-    assert "python tools/thirdparty_envs.py rlinf" in str(raised.value)
+    assert_loads_lazily(monkeypatch, "rlinf", "RlinfAdapter", MODULES)
 
 
 NUMBERS = """
@@ -46,16 +31,8 @@ print(json.dumps({"approx_kl": float(pl.approx_kl), "adv": adv.tolist(), "ret": 
 
 @pytest.mark.thirdparty
 def test_rlinf_numbers_show_its_declared_conventions() -> None:
-    python = thirdparty_python(
-        "rlinf"
-    )  # skips where .envs/rlinf is missing; fails under PPO_REF_REQUIRE_ENVS=1
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("PYTHONPATH", None)
-    done = subprocess.run(
-        [str(python), "-c", NUMBERS], cwd=REPO, capture_output=True, text=True, env=env, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    # skips where .envs/rlinf is missing; fails under PPO_REF_REQUIRE_ENVS=1
+    got = run_json_in_env("rlinf", NUMBERS)
     assert got["version"] == "0.3.0"
     assert got["approx_kl"] == pytest.approx(0.0, abs=1e-7)  # k1: mean(old - new) = (-0.5 + 0.5) / 2
     # the episode ends at the last action token: the padded reward 9 and value 7 never enter

@@ -4,30 +4,15 @@ visible in them."""
 
 from __future__ import annotations
 
-import importlib
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from ppo_ref.adapters import AdapterLoadError, get_adapter, parse_conventions
-from tests.thirdparty_env import REPO, thirdparty_python
+from tests.thirdparty_env import assert_loads_lazily, run_json_in_env
 
 MODULES = ("swift", "swift.rl_core", "swift.rl_core.advantage", "swift.rlhf_trainers.grpo_trainer")
 
 
 def test_the_adapter_imports_without_swift_and_names_the_env_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in MODULES:
-        monkeypatch.setitem(sys.modules, module, None)
-    monkeypatch.delitem(sys.modules, "ppo_ref.adapters.thirdparty.swift", raising=False)
-    module = importlib.import_module("ppo_ref.adapters.thirdparty.swift")
-    parse_conventions(module.SwiftAdapter.conventions)  # every declared key and value is known
-    assert set(module.SwiftAdapter.convention_sources) == set(module.SwiftAdapter.conventions)
-    with pytest.raises(AdapterLoadError) as raised:
-        get_adapter("swift")
-    assert "python tools/thirdparty_envs.py swift" in str(raised.value)
+    assert_loads_lazily(monkeypatch, "swift", "SwiftAdapter", MODULES)
 
 
 NUMBERS = """
@@ -49,16 +34,8 @@ print(json.dumps({"two": two.tolist(), "two_dtype": str(two.dtype), "mixed": mix
 
 @pytest.mark.thirdparty
 def test_swift_numbers_show_its_declared_conventions() -> None:
-    python = thirdparty_python(
-        "swift"
-    )  # skips where .envs/swift is missing; fails under PPO_REF_REQUIRE_ENVS=1
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("PYTHONPATH", None)
-    done = subprocess.run(
-        [str(python), "-c", NUMBERS], cwd=REPO, capture_output=True, text=True, env=env, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    # skips where .envs/swift is missing; fails under PPO_REF_REQUIRE_ENVS=1
+    got = run_json_in_env("swift", NUMBERS)
     assert got["version"] == "4.6.0"
     # a fixed 1e-4 whatever eps is asked for (group_std_eps), in float32 (compute_dtype)
     std = 0.02 / 2**0.5

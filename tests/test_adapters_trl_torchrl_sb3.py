@@ -11,6 +11,7 @@ import pytest
 
 from ppo_ref.adapters import AdapterLoadError, get_adapter
 from ppo_ref.adapters.thirdparty import _inline
+from tests.thirdparty_env import assert_names_the_env_commands, import_without_library
 
 LIBRARY_MODULES = {
     "trl": ("trl", "trl.experimental.ppo.ppo_trainer"),
@@ -24,10 +25,7 @@ LIBRARY_MODULES = {
 
 @pytest.mark.parametrize("name", sorted(LIBRARY_MODULES))
 def test_adapter_modules_import_without_their_library(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in LIBRARY_MODULES[name]:
-        monkeypatch.setitem(sys.modules, module, None)  # `import module` now raises ImportError
-    monkeypatch.delitem(sys.modules, f"ppo_ref.adapters.thirdparty.{name}", raising=False)
-    module = importlib.import_module(f"ppo_ref.adapters.thirdparty.{name}")
+    module = import_without_library(monkeypatch, name, LIBRARY_MODULES[name])
     assert callable(module.make_adapter)
 
 
@@ -39,10 +37,7 @@ def test_missing_library_is_a_clear_error_naming_the_env_command(
         monkeypatch.setitem(sys.modules, module, None)
     with pytest.raises(AdapterLoadError) as raised:
         get_adapter(name)
-    message = str(raised.value)
-    assert f"adapter {name!r} needs " in message  # the one message of every adapter
-    assert f"python tools/thirdparty_envs.py {name}" in message
-    assert f".envs/{name}/bin/python -m pytest conformance/ --impl={name}" in message
+    assert_names_the_env_commands(name, str(raised.value))
 
 
 # --- the pins of the library source the adapters run ------------------------------------------------

@@ -18,6 +18,7 @@ import pytest
 
 from ppo_ref.adapters import OP_NAMES, AdapterLoadError, convention_problems, get_adapter
 from ppo_ref.adapters.thirdparty import _openrlhf_stubs as stubs
+from tests.thirdparty_env import assert_names_the_env_commands
 
 ADAPTERS = {
     "verl": ("verl", "ppo_ref.adapters.thirdparty.verl"),
@@ -62,10 +63,7 @@ def test_adapter_module_imports_without_its_library(name: str) -> None:
 def test_missing_library_names_the_environment_commands(name: str) -> None:
     with pytest.raises(AdapterLoadError) as raised:
         get_adapter(name)
-    message = str(raised.value)
-    assert f"adapter {name!r} needs " in message  # the one message of every adapter
-    assert f"python tools/thirdparty_envs.py {name}" in message
-    assert f".envs/{name}/bin/python -m pytest conformance/ --impl={name}" in message
+    assert_names_the_env_commands(name, str(raised.value))
 
 
 @pytest.mark.usefixtures("library_missing", "clean_stubs")

@@ -14,16 +14,27 @@ Two layers: :func:`thirdparty_python` (the helper the tests call) and :func:`pyt
 :func:`run_step_tier` runs the trainer-step tier against a built-in step runner in its environment and
 parses the verdicts (the step-tier tests of TRL 1.12 and 1.16, verl, OpenRLHF, ms-swift and RLinf call
 it).
+
+:func:`import_without_library`, :func:`assert_names_the_env_commands` and :func:`run_json_in_env` are
+the three steps every adapter test of a third-party library repeats: import the adapter with the
+library made unimportable, check the error that names the commands, and run a script in the library's
+environment that prints one JSON line; :func:`assert_loads_lazily` is the first two with the
+adapter's declared conventions checked.
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import re
 import subprocess
-from collections.abc import Generator, Mapping
+import sys
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -94,6 +105,53 @@ def pytest_runtest_makereport(
             report.outcome = "failed"
             report.longrepr = message
     return report
+
+
+def import_without_library(monkeypatch: pytest.MonkeyPatch, name: str, modules: Iterable[str]) -> ModuleType:
+    """``ppo_ref.adapters.thirdparty.NAME`` imported afresh while each of ``modules`` is unimportable
+    (``sys.modules[m] = None`` makes ``import m`` raise ImportError); ``monkeypatch`` undoes both."""
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)
+    monkeypatch.delitem(sys.modules, f"ppo_ref.adapters.thirdparty.{name}", raising=False)
+    return importlib.import_module(f"ppo_ref.adapters.thirdparty.{name}")
+
+
+def assert_names_the_env_commands(name: str, message: str) -> None:
+    """``message`` is the one error of every adapter whose library is missing: it names the adapter and
+    the commands that build its environment and run the suite there."""
+    assert f"adapter {name!r} needs " in message
+    assert f"python tools/thirdparty_envs.py {name}" in message
+    assert f".envs/{name}/bin/python -m pytest conformance/ --impl={name}" in message
+
+
+def assert_loads_lazily(
+    monkeypatch: pytest.MonkeyPatch, name: str, adapter: str, modules: Iterable[str]
+) -> None:
+    """With ``modules`` unimportable, ``ppo_ref.adapters.thirdparty.NAME`` still imports, its class
+    ``adapter`` declares only known conventions with a source for each, and ``get_adapter(NAME)``
+    fails with the one missing-library message."""
+    from ppo_ref.adapters import AdapterLoadError, get_adapter, parse_conventions
+
+    declared = getattr(import_without_library(monkeypatch, name, modules), adapter)
+    parse_conventions(declared.conventions)  # every declared key and value is known
+    assert set(declared.convention_sources) == set(declared.conventions)
+    with pytest.raises(AdapterLoadError) as raised:
+        get_adapter(name)
+    assert_names_the_env_commands(name, str(raised.value))
+
+
+def run_json_in_env(name: str, script: str, timeout: float = 300) -> Any:
+    """The JSON of the last line ``script`` prints, run by ``.envs/NAME``'s Python in the checkout
+    (skips or fails where it is missing, as :func:`thirdparty_python`), one thread, without the
+    caller's ``PYTHONPATH`` (the environment's own ppo-ref install is the one under test)."""
+    python = thirdparty_python(name)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("PYTHONPATH", None)
+    done = subprocess.run(
+        [str(python), "-c", script], cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 STEP_ENVIRONMENT: Mapping[str, str] = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

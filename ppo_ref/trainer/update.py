@@ -70,16 +70,9 @@ class MinibatchResult:
     kl_loss: float = 0.0
     tokens: int = 0
 
-    _SUMS = (
-        "policy_loss",
-        "value_loss",
-        "clipfrac",
-        "ratio_outside_frac",
-        "approx_kl",
-        "ratio_mean",
-        "dual_clip_frac",
-        "kl_loss",
-    )
+    _ALWAYS = ("policy_loss", "value_loss", "clipfrac", "ratio_outside_frac", "approx_kl", "ratio_mean")
+    """The summed statistics every run records (:func:`ppo_update` averages them over the steps)."""
+    _SUMS = (*_ALWAYS, "dual_clip_frac", "kl_loss")
     _MAXIMA = ("ratio_max", "max_abs_log_ratio")
 
     def combined(self, collectives: Collectives) -> MinibatchResult:
@@ -376,14 +369,7 @@ def ppo_update(
             break
     done = stats.minibatches
     if done:
-        for name in (
-            "policy_loss",
-            "value_loss",
-            "clipfrac",
-            "ratio_outside_frac",
-            "approx_kl",
-            "ratio_mean",
-        ):
+        for name in MinibatchResult._ALWAYS:
             setattr(stats, name, sum(getattr(m, name) for m in done) / len(done))
         # The optional terms' statistics exist only in runs that use them.
         if config.dual_clip is not None:

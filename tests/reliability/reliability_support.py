@@ -13,21 +13,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 
-from tiny_task import PROMPTS, tiny_policy, tiny_reward_model, tiny_tokenizer
+from tiny_task import tiny_reward_model, tiny_tokenizer, write_tiny_inputs
 
-from tests.model_fixtures import one_thread, out_dir  # noqa: F401  (re-exported to the test modules)
+from tests.model_fixtures import TIMING, launch, one_thread, out_dir  # noqa: F401  (re-exported to the test modules)
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def write_local_inputs(directory: Path) -> dict[str, Path]:
     """A tiny policy (with tokenizer), a tiny reward model and a prompts file, as the CLI takes them."""
-    tokenizer = tiny_tokenizer()
-    paths = {"policy": directory / "policy", "reward": directory / "reward", "prompts": directory / "p.jsonl"}
-    tiny_policy(tokenizer).save_pretrained(paths["policy"])
-    tokenizer.save_pretrained(paths["policy"])
-    tiny_reward_model(tokenizer).save_pretrained(paths["reward"])
-    paths["prompts"].write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    paths = {name: Path(path) for name, path in write_tiny_inputs(directory).items()}
+    paths["reward"] = directory / "reward"
+    tiny_reward_model(tiny_tokenizer()).save_pretrained(paths["reward"])
     return paths
 
 
@@ -105,21 +102,33 @@ def assert_close(first: Sequence[object], second: Sequence[object], what: str = 
             assert a == b, (what, a, b)
 
 
+def assert_runs_agree(one: Path, two: Path, rows: int, data_parallel: str) -> None:
+    """A one-process run directory ``one`` and a two-process one ``two`` made the same samples
+    (``rows`` audit records, their advantages and old log-probs within :func:`assert_close`), the same
+    statistics but for the timings (the KL controller did move) and the same final eval score; ``two``
+    says it ran 2 processes of ``data_parallel``."""
+    audit_one, audit_two = read_records(one / "rollouts.jsonl"), read_records(two / "rollouts.jsonl")
+    assert len(audit_one) == len(audit_two) == rows
+    for a, b in zip(audit_one, audit_two, strict=True):
+        assert a["sample_index"] == b["sample_index"] and a["response_ids"] == b["response_ids"]
+        assert a["action_mask"] == b["action_mask"] and a["score"] == b["score"]
+        assert_close(a["advantages"], b["advantages"])
+        assert_close(a["old_logprobs"], b["old_logprobs"])
+    metrics_one, metrics_two = read_records(one / "metrics.jsonl"), read_records(two / "metrics.jsonl")
+    for a, b in zip(metrics_one, metrics_two, strict=True):
+        keys = [k for k in a if not k.startswith(TIMING)]
+        assert keys == [k for k in b if not k.startswith(TIMING)]
+        for key in keys:
+            assert_close([a[key]], [b[key]], key)
+    assert metrics_one[1]["kl_coef"] != metrics_one[0]["kl_coef"]  # the controller did move
+    summary = json.loads((two / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["data_parallel"] == data_parallel
+    assert summary["eval_score_final"] == json.loads((one / "summary.json").read_text())["eval_score_final"]
+
+
 def free_port() -> int:
     """A TCP port free on this machine now (for a launcher's rendezvous)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-def launch(command: list[str], timeout: float = 300) -> None:
-    """Run a launcher command (torchrun, accelerate launch) from the repository on one thread per
-    process; fail with the tail of its output unless it exits 0."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, (
-        f"exit code {done.returncode} (negative: killed by that signal)\n"
-        + done.stdout[-4000:]
-        + done.stderr[-4000:]
-    )

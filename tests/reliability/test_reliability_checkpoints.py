@@ -22,29 +22,9 @@ from tiny_task import tiny_config, tiny_setup
 from ppo_ref import cli
 from ppo_ref.trainer import PPOTrainer, find_checkpoint, load_checkpoint
 from ppo_ref.trainer.checkpoint import TEST_PAUSE_ENV, decode_tree, encode_tree
+from tests.model_fixtures import assert_same_checkpoint
 
 __all__ = ["one_thread", "out_dir"]
-
-TIMING = ("seconds_", "tokens_per_second")
-
-
-def _same_state(first: Path, second: Path) -> None:
-    """Every tensor of two checkpoints is bitwise equal, and so is the trainer state."""
-    one, two = load_checkpoint(first), load_checkpoint(second)
-    assert one.iteration == two.iteration
-    for name in ("policy", "critic", "reference"):
-        a, b = one.state_dict(name), two.state_dict(name)
-        assert a.keys() == b.keys()
-        unequal = [k for k in a if not torch.equal(a[k], b[k])]
-        assert not unequal, f"{name}: {unequal}"
-    a_opt, b_opt = one.optimizer_state(), two.optimizer_state()
-    assert a_opt is not None and b_opt is not None and a_opt["state"].keys() == b_opt["state"].keys()
-    for key, values in a_opt["state"].items():
-        for field, value in values.items():
-            assert torch.equal(value, b_opt["state"][key][field]), (key, field)
-    assert one.state["kl_coef"] == two.state["kl_coef"]
-    strip = [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in one.metrics_records()]
-    assert strip == [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in two.metrics_records()]
 
 
 def test_a_resumed_run_ends_bitwise_equal_to_a_straight_run(tmp_path: Path) -> None:
@@ -74,7 +54,7 @@ def test_a_resumed_run_ends_bitwise_equal_to_a_straight_run(tmp_path: Path) -> N
     np.random.seed(12345)
     random.seed(12345)
     summary = resumed.train()
-    _same_state(tmp_path / "straight", tmp_path / "resumed")
+    assert_same_checkpoint(tmp_path / "straight", tmp_path / "resumed")
     final_straight = [p.detach() for p in straight.policy.parameters()]
     assert all(
         torch.equal(a, b.detach()) for a, b in zip(final_straight, resumed.policy.parameters(), strict=True)

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,23 +9,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 from data_parallel_worker import ITERATIONS, float64_setup, run, worker_config
-from reliability_support import assert_close, launch, one_thread, out_dir, read_records
+from reliability_support import assert_runs_agree, one_thread, out_dir
 from safetensors.torch import load_file
 from tiny_task import tiny_config, tiny_setup
 
 from ppo_ref.trainer import PPOTrainer
 from ppo_ref.trainer.update import minibatch_backward
+from tests.model_fixtures import TwoProcessesInOne, torchrun
 
 __all__ = ["one_thread", "out_dir"]
 
 WORKER = Path(__file__).with_name("data_parallel_worker.py")
-TIMING = ("seconds_", "tokens_per_second")
-
-
-def _torchrun(out: Path, processes: int) -> None:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    launch([*command, "--standalone", "--nproc_per_node", str(processes), str(WORKER), str(out)])
 
 
 @pytest.mark.slow
@@ -44,7 +35,7 @@ def test_two_processes_train_like_one(tmp_path: Path) -> None:
     """
     one, two = tmp_path / "one", tmp_path / "two"
     run(one)
-    _torchrun(two, 2)
+    torchrun(WORKER, str(two))
     # Both processes hold the same parameters, bitwise (DDP synchronises the gradients).
     rank0, rank1 = (
         load_file(str(two / "parameters-rank0.safetensors")),
@@ -61,23 +52,7 @@ def test_two_processes_train_like_one(tmp_path: Path) -> None:
     )
     assert moved > 1e-4  # the runs did train, far more than they differ
     # The same samples, token advantages and statistics.
-    audit_one, audit_two = read_records(one / "rollouts.jsonl"), read_records(two / "rollouts.jsonl")
-    assert len(audit_one) == len(audit_two) == 8 * ITERATIONS
-    for a, b in zip(audit_one, audit_two, strict=True):
-        assert a["sample_index"] == b["sample_index"] and a["response_ids"] == b["response_ids"]
-        assert a["action_mask"] == b["action_mask"] and a["score"] == b["score"]
-        assert_close(a["advantages"], b["advantages"])
-        assert_close(a["old_logprobs"], b["old_logprobs"])
-    metrics_one, metrics_two = read_records(one / "metrics.jsonl"), read_records(two / "metrics.jsonl")
-    for a, b in zip(metrics_one, metrics_two, strict=True):
-        keys = [k for k in a if not k.startswith(TIMING)]
-        assert keys == [k for k in b if not k.startswith(TIMING)]
-        for key in keys:
-            assert_close([a[key]], [b[key]], key)
-    assert metrics_one[1]["kl_coef"] != metrics_one[0]["kl_coef"]  # the controller did move
-    summary = json.loads((two / "summary.json").read_text())
-    assert summary["processes"] == 2 and summary["data_parallel"] == "ddp"
-    assert summary["eval_score_final"] == json.loads((one / "summary.json").read_text())["eval_score_final"]
+    assert_runs_agree(one, two, 8 * ITERATIONS, "ddp")
     # The checkpoints are global too: one process continues the two-process run like its own.
     continued = []
     for source in (one, two):
@@ -86,22 +61,6 @@ def test_two_processes_train_like_one(tmp_path: Path) -> None:
         trainer.train()
         continued.append([p.detach() for p in trainer.policy.parameters()])
     assert max(float((a - b).abs().max()) for a, b in zip(*continued, strict=True)) < 1e-6
-
-
-class _TwoProcessesInOne:
-    """Collectives of process ``rank`` of 2, run one after the other in this process (no averaging)."""
-
-    world_size = 2
-    gradient_scale = 1.0
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-
-    def all_true(self, flag: bool) -> bool:
-        return flag
-
-    def sum_and_max(self, sums: Sequence[float], maxima: Sequence[float]) -> tuple[list[float], list[float]]:
-        return list(sums), list(maxima)
 
 
 @pytest.mark.parametrize("loss_agg", ["token-mean", "seq-mean-token-mean"])
@@ -123,7 +82,7 @@ def test_the_shares_of_a_minibatch_sum_to_its_gradient(out_dir: Path, loss_agg: 
         return [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
 
     whole = gradient()
-    halves = [gradient(rows=slice(4 * r, 4 * r + 4), collectives=_TwoProcessesInOne(r)) for r in (0, 1)]
+    halves = [gradient(rows=slice(4 * r, 4 * r + 4), collectives=TwoProcessesInOne(r)) for r in (0, 1)]
     for full, first, second in zip(whole, *halves, strict=True):
         assert torch.allclose(full, first + second, atol=1e-6, rtol=1e-4)
     assert any(float(g.abs().sum()) > 0 for g in whole)

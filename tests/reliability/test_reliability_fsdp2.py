@@ -21,7 +21,16 @@ import torch
 from accelerate.utils import FullyShardedDataParallelPlugin
 from data_parallel_worker import ITERATIONS, float64_setup
 from fsdp2_worker import ROWS, STEPS, fsdp2_config
-from reliability_support import REPO, assert_close, free_port, launch, one_thread, read_records
+from reliability_support import (
+    REPO,
+    TIMING,
+    assert_close,
+    assert_runs_agree,
+    free_port,
+    launch,
+    one_thread,
+    read_records,
+)
 from safetensors.torch import load_file
 
 from ppo_ref.trainer import PPOTrainer, load_checkpoint
@@ -31,7 +40,6 @@ __all__ = ["one_thread"]
 
 WORKER = Path(__file__).with_name("fsdp2_worker.py")
 CONFIG = REPO / "examples" / "accelerate" / "fsdp2.yaml"
-TIMING = ("seconds_", "tokens_per_second")
 
 
 def _accelerate_launch(*args: str) -> None:
@@ -99,31 +107,7 @@ def test_two_fsdp2_processes_train_like_one(runs: SimpleNamespace) -> None:
     moments = [t for t in optimizer_one.values() if t.numel() > 1]  # not the step counts
     assert max(float(t.abs().max()) for t in moments) > 1e-3  # AdamW moments were kept
 
-    audit_one, audit_two = (
-        read_records(runs.one / "rollouts.jsonl"),
-        read_records(runs.two / "rollouts.jsonl"),
-    )
-    assert len(audit_one) == len(audit_two) == 8 * ITERATIONS
-    for a, b in zip(audit_one, audit_two, strict=True):
-        assert a["sample_index"] == b["sample_index"] and a["response_ids"] == b["response_ids"]
-        assert a["action_mask"] == b["action_mask"] and a["score"] == b["score"]
-        assert_close(a["advantages"], b["advantages"])
-        assert_close(a["old_logprobs"], b["old_logprobs"])
-    metrics_one, metrics_two = (
-        read_records(runs.one / "metrics.jsonl"),
-        read_records(runs.two / "metrics.jsonl"),
-    )
-    for a, b in zip(metrics_one, metrics_two, strict=True):
-        keys = [k for k in a if not k.startswith(TIMING)]
-        assert keys == [k for k in b if not k.startswith(TIMING)]
-        for key in keys:
-            assert_close([a[key]], [b[key]], key)
-    assert metrics_one[1]["kl_coef"] != metrics_one[0]["kl_coef"]  # the controller did move
-    summary = json.loads((runs.two / "summary.json").read_text())
-    assert summary["processes"] == 2 and summary["data_parallel"] == "fsdp"
-    assert (
-        summary["eval_score_final"] == json.loads((runs.one / "summary.json").read_text())["eval_score_final"]
-    )
+    assert_runs_agree(runs.one, runs.two, 8 * ITERATIONS, "fsdp")
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_task import PROMPTS, tiny_policy, tiny_tokenizer
+from tiny_task import write_tiny_inputs
 
 REPO = Path(__file__).resolve().parents[2]
 PPO_REF = Path(sys.executable).with_name("ppo-ref")
@@ -29,17 +29,6 @@ def ppo_ref(
     return subprocess.run(
         [*command, *argv], cwd=cwd or REPO, env=full_env, capture_output=True, text=True, timeout=600
     )
-
-
-def local_inputs(directory: Path) -> dict[str, str]:
-    """A tiny policy checkpoint (with tokenizer) and a prompts file: a run needs no task."""
-    tokenizer = tiny_tokenizer()
-    policy = directory / "policy"
-    tiny_policy(tokenizer).save_pretrained(policy)
-    tokenizer.save_pretrained(policy)
-    prompts = directory / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    return {"policy": str(policy), "prompts": str(prompts)}
 
 
 SMALL = [
@@ -148,7 +137,7 @@ def test_an_out_that_is_a_file_or_cannot_be_written_is_refused(tmp_path: Path) -
 
 @pytest.mark.slow
 def test_overwrite_replaces_the_runs_files_cleanly(tmp_path: Path) -> None:
-    inputs = local_inputs(tmp_path)
+    inputs = write_tiny_inputs(tmp_path)
     out = tmp_path / "run"
     (out / "checkpoints" / "iter-000009").mkdir(parents=True)
     (out / "tensorboard").mkdir()
@@ -190,7 +179,7 @@ def vowels(prompts, responses):
 
 @pytest.mark.slow
 def test_reward_module_function_from_the_command_line_and_toml(tmp_path: Path) -> None:
-    inputs = local_inputs(tmp_path)
+    inputs = write_tiny_inputs(tmp_path)
     (tmp_path / "my_rewards.py").write_text(REWARD_MODULE)
     base = ["train", "--policy", inputs["policy"], "--prompts", inputs["prompts"], *SMALL]
     result = ppo_ref(*base, "--reward", "my_rewards:vowels", "--out", "flag", cwd=tmp_path)
@@ -263,7 +252,7 @@ def test_help_does_not_import_the_trainer() -> None:
 
 @pytest.mark.slow
 def test_the_command_says_what_it_is_doing_before_the_long_steps(tmp_path: Path) -> None:
-    inputs = local_inputs(tmp_path)
+    inputs = write_tiny_inputs(tmp_path)
     (tmp_path / "my_rewards.py").write_text(REWARD_MODULE)
     argv = ["train", "--policy", inputs["policy"], "--prompts", inputs["prompts"], *SMALL]
     result = ppo_ref(*argv, "--reward", "my_rewards:vowels", "--out", "run", cwd=tmp_path)

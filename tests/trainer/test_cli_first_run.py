@@ -20,8 +20,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_cli_as_a_user import SMALL, local_inputs, ppo_ref
-from tiny_task import PROMPTS, tiny_config, tiny_setup
+from test_cli_as_a_user import SMALL, ppo_ref
+from tiny_task import PROMPTS, tiny_config, tiny_setup, write_tiny_inputs
 
 from ppo_ref.trainer import PPOTrainer
 from ppo_ref.trainer.metrics import IDENTICAL_SCORE_ITERATIONS, IdenticalScoreWatch
@@ -195,7 +195,7 @@ def half(prompts, responses):
 def test_a_constant_reward_run_warns_once_counts_blank_lines_and_titles_plots_with_the_reward(
     tmp_path: Path,
 ) -> None:
-    inputs = local_inputs(tmp_path)
+    inputs = write_tiny_inputs(tmp_path)
     prompts = Path(inputs["prompts"])
     lines = prompts.read_text().splitlines()
     prompts.write_text("\n".join([lines[0], "", *lines[1:5], "   ", *lines[5:]]) + "\n")

@@ -14,37 +14,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from test_cli_as_a_user import ppo_ref
 
-from ppo_ref.trainer import load_checkpoint
+from tests.model_fixtures import assert_same_checkpoint
 
-TIMING = ("seconds_", "tokens_per_second")
 SMALL = [
     "--rollout-batch-size", "8", "--num-minibatches", "2", "--ppo-epochs", "2", "--eval-samples", "8",
     "--max-new-tokens", "8", "--no-progress-bar", "--no-tensorboard", "--no-plots",
 ]  # fmt: skip
-
-
-def assert_same_checkpoint(first: Path, second: Path) -> None:
-    """Every tensor (models, optimizer moments and steps) and the metrics are bitwise equal."""
-    one, two = load_checkpoint(first), load_checkpoint(second)
-    assert one.iteration == two.iteration
-    for name in ("policy", "critic", "reference"):
-        a, b = one.state_dict(name), two.state_dict(name)
-        assert a.keys() == b.keys()
-        assert not [k for k in a if not torch.equal(a[k], b[k])], name
-    a_opt, b_opt = one.optimizer_state(), two.optimizer_state()
-    assert a_opt is not None and b_opt is not None and a_opt["state"].keys() == b_opt["state"].keys()
-    for key, values in a_opt["state"].items():
-        for field, value in values.items():
-            assert torch.equal(value, b_opt["state"][key][field]), (key, field)
-    assert one.state["kl_coef"] == two.state["kl_coef"]
-
-    def strip(records: list[dict[str, object]]) -> list[dict[str, object]]:
-        return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in records]
-
-    assert strip(one.metrics_records()) == strip(two.metrics_records())
 
 
 @pytest.mark.slow

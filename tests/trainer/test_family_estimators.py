@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_task import PROMPTS, tiny_config, tiny_policy, tiny_setup, tiny_tokenizer
+from tiny_task import config_choices, tiny_cli_argv, tiny_config, tiny_policy, tiny_setup, tiny_tokenizer
 
 from ppo_ref import cli, gae, group_advantages, masked_whiten
 from ppo_ref.trainer import PPOTrainer, TrainerConfig
@@ -33,7 +33,7 @@ ESTIMATORS = ("gae", "grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++-base
 
 
 def test_the_table_the_config_and_the_flag_name_the_same_estimators() -> None:
-    choices = set(typing_args(TrainerConfig, "advantage_estimator"))
+    choices = config_choices("advantage_estimator")
     assert choices == set(ADVANTAGE_ESTIMATORS) == set(ESTIMATORS)
     assert set(CRITIC_FREE_ESTIMATORS) == choices - {"gae"}
     assert set(GROUP_ESTIMATORS) < set(CRITIC_FREE_ESTIMATORS)
@@ -51,28 +51,13 @@ def test_the_table_the_config_and_the_flag_name_the_same_estimators() -> None:
         assert not TrainerConfig(advantage_estimator=name, group_size=2).uses_critic
 
 
-def typing_args(cls: type, name: str) -> tuple[object, ...]:
-    import typing
-
-    return typing.get_args(typing.get_type_hints(cls)[name])
-
-
 # -- from the command line ------------------------------------------------------------------------
 
 
 @pytest.fixture
 def local_run(tmp_path: Path) -> list[str]:
     """argv of a tiny run on a saved tiny policy, a prompts file and a Python reward function."""
-    tokenizer = tiny_tokenizer()
-    policy_dir = tmp_path / "policy"
-    tiny_policy(tokenizer).save_pretrained(policy_dir)
-    tokenizer.save_pretrained(policy_dir)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    argv = ["train", "--policy", str(policy_dir), "--reward", "tiny_task:count_a", "--prompts", str(prompts)]
-    argv += ["--iterations", "2", "--rollout-batch-size", "8", "--max-new-tokens", "5"]
-    argv += ["--num-minibatches", "2", "--ppo-epochs", "1", "--eval-samples", "4", "--audit-samples", "8"]
-    return [*argv, "--no-progress-bar", "--no-tensorboard", "--no-plots"]
+    return tiny_cli_argv(tmp_path, "--ppo-epochs", "1", "--audit-samples", "8")
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
@@ -119,16 +104,6 @@ def test_each_estimator_trains_from_the_command_line(
 
 
 # -- errors before any work -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if the CLI gets as far as building models (a bad config must stop before)."""
-
-    def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("build_setup was called: the config error came too late")
-
-    monkeypatch.setattr("ppo_ref.trainer.setup.build_setup", forbidden)
 
 
 GRPO = ["--advantage-estimator", "grpo", "--group-size", "8"]

@@ -11,8 +11,6 @@ batch they are the one-process numbers.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,8 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_task import tiny_config, tiny_policy, tiny_setup, tiny_tokenizer
 
 from ppo_ref.trainer import PPOTrainer, TrainerConfig, TrainingSetup
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def worker_config(out: Path) -> TrainerConfig:
@@ -63,6 +59,9 @@ def _records(path: Path) -> list[dict[str, object]]:
 def test_two_processes_give_the_group_advantages_of_one(tmp_path: Path) -> None:
     from accelerate import Accelerator
 
+    # imported here: this file also runs as a torchrun worker, where tests/ is not importable
+    from tests.model_fixtures import torchrun
+
     one, two = tmp_path / "one", tmp_path / "two"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -70,12 +69,7 @@ def test_two_processes_give_the_group_advantages_of_one(tmp_path: Path) -> None:
         PPOTrainer(worker_config(one), worker_setup(), Accelerator(cpu=True, mixed_precision="no")).train()
     finally:
         torch.set_num_threads(threads)
-    torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    command += ["--standalone", "--nproc_per_node", "2", __file__, str(two)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    torchrun(__file__, str(two))
 
     audit_one, audit_two = _records(one / "rollouts.jsonl"), _records(two / "rollouts.jsonl")
     assert len(audit_one) == len(audit_two) == 24

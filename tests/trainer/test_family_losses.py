@@ -9,13 +9,12 @@ rewards into the loss; the new statistics reach metrics.jsonl only in runs that 
 from __future__ import annotations
 
 import json
-import typing
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from tiny_task import PROMPTS, tiny_config, tiny_policy, tiny_setup, tiny_tokenizer
+from tiny_task import config_choices, tiny_cli_argv, tiny_config, tiny_setup
 
 from ppo_ref import cispo_loss, cli, gspo_loss, kl_loss, policy_loss, token_rewards
 from ppo_ref.aggregation import LOSS_AGGREGATIONS
@@ -26,20 +25,13 @@ from ppo_ref.trainer.estimators import POLICY_LOSSES, WholeMinibatch, trainer_po
 from ppo_ref.trainer.update import corrected_advantages, minibatch_backward
 
 
-def _choices(name: str) -> set[object]:
-    annotation = typing.get_type_hints(TrainerConfig)[name]
-    members = typing.get_args(annotation)
-    literal = next((m for m in members if typing.get_origin(m) is typing.Literal), annotation)
-    return set(typing.get_args(literal))
-
-
 def test_the_config_offers_every_mode_of_the_reference() -> None:
-    assert _choices("policy_loss") == set(POLICY_LOSSES) == {"ppo", "gspo", "cispo"}
-    assert _choices("loss_agg") == set(LOSS_AGGREGATIONS)
-    assert _choices("kl_loss_estimator") == set(KL_LOSS_ESTIMATORS)
-    assert _choices("kl_in") == {"reward", "loss"}
+    assert config_choices("policy_loss") == set(POLICY_LOSSES) == {"ppo", "gspo", "cispo"}
+    assert config_choices("loss_agg") == set(LOSS_AGGREGATIONS)
+    assert config_choices("kl_loss_estimator") == set(KL_LOSS_ESTIMATORS)
+    assert config_choices("kl_in") == {"reward", "loss"}
     levels = {"token", "sequence", "geometric"}
-    assert _choices("rollout_correction") == {"none"} | {
+    assert config_choices("rollout_correction") == {"none"} | {
         f"{lv}-{m}" for lv in levels for m in ("truncate", "mask")
     }
     default = TrainerConfig()
@@ -61,16 +53,6 @@ def test_norm_constant_defaults_to_max_new_tokens() -> None:
 
 
 # -- errors before any work -----------------------------------------------------------------------
-
-
-@pytest.fixture
-def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if the CLI gets as far as building models (a bad config must stop before)."""
-
-    def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("build_setup was called: the config error came too late")
-
-    monkeypatch.setattr("ppo_ref.trainer.setup.build_setup", forbidden)
 
 
 GSPO = ["--policy-loss", "gspo", "--loss-agg", "seq-mean-token-mean"]
@@ -159,16 +141,7 @@ def test_every_sequence_level_estimator_runs_gspo() -> None:
 @pytest.fixture
 def local_run(tmp_path: Path) -> list[str]:
     """argv of a tiny run on a saved tiny policy, a prompts file and a Python reward function."""
-    tokenizer = tiny_tokenizer()
-    policy_dir = tmp_path / "policy"
-    tiny_policy(tokenizer).save_pretrained(policy_dir)
-    tokenizer.save_pretrained(policy_dir)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    argv = ["train", "--policy", str(policy_dir), "--reward", "tiny_task:count_a", "--prompts", str(prompts)]
-    argv += ["--iterations", "2", "--rollout-batch-size", "8", "--max-new-tokens", "5"]
-    argv += ["--num-minibatches", "2", "--ppo-epochs", "2", "--eval-samples", "4"]
-    return [*argv, "--no-progress-bar", "--no-tensorboard", "--no-plots"]
+    return tiny_cli_argv(tmp_path, "--ppo-epochs", "2")
 
 
 RUNS: dict[str, tuple[list[str], set[str]]] = {

@@ -17,10 +17,7 @@ the worker of the two-process test: it writes each case's parameters to ``OUT``.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +29,6 @@ from ppo_ref.trainer import PPOTrainer, TrainingSetup
 from ppo_ref.trainer.data import Rollout
 from ppo_ref.trainer.update import UpdateStats, minibatch_backward
 
-REPO = Path(__file__).resolve().parents[2]
 ROWS = 64
 MICRO = 16
 LEARNING_RATE = 2.0
@@ -127,26 +123,13 @@ def test_micro_batches_give_the_parameters_of_the_whole_minibatch(out_dir: Path,
         assert stats.kl_loss is not None and stats.kl_loss > 0
 
 
-class _TwoProcessesInOne:
-    """Collectives of process ``rank`` of 2, run one after the other in this process."""
-
-    world_size = 2
-    gradient_scale = 1.0  # both ranks accumulate into the same .grad: their sum, DDP's average x 2
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-
-    def all_true(self, flag: bool) -> bool:
-        return flag
-
-    def sum_and_max(self, sums: Sequence[float], maxima: Sequence[float]) -> tuple[list[float], list[float]]:
-        return list(sums), list(maxima)
-
-
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_each_process_share_is_its_part_of_the_gradient(out_dir: Path, name: str) -> None:
     """Away from the rollout policy (so every branch of the losses is live), the gradient of the
     whole minibatch equals the sum of two processes' shares of it, each in micro-batches of 16."""
+    # imported here: this file also runs as a torchrun worker, where tests/ is not importable
+    from tests.model_fixtures import TwoProcessesInOne
+
     trainer = case_trainer(name, out_dir, MICRO)
     batch = trainer.collect_rollout(0).training_batch()
     with torch.no_grad():  # move the policy off the rollout's: ratios away from 1
@@ -174,20 +157,11 @@ def test_each_process_share_is_its_part_of_the_gradient(out_dir: Path, name: str
 
     trainer.optimizer.zero_grad(set_to_none=True)
     whole = gradient(whole_config)
-    ranks = [{"rows": slice(32 * r, 32 * r + 32), "collectives": _TwoProcessesInOne(r)} for r in (0, 1)]
+    ranks = [{"rows": slice(32 * r, 32 * r + 32), "collectives": TwoProcessesInOne(r)} for r in (0, 1)]
     shared = gradient(trainer.config, ranks=ranks)
     size = max(float(g.abs().max()) for g in whole)
     worst = max(float((a - b).abs().max()) for a, b in zip(whole, shared, strict=True))
     assert size > 1e-4 and worst < 1e-12 * max(size, 1.0), (size, worst)
-
-
-def _torchrun(out: Path) -> None:
-    torchrun = Path(sys.executable).with_name("torchrun")
-    command = [str(torchrun)] if torchrun.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    command += ["--standalone", "--nproc_per_node", "2", __file__, str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
 
 
 @pytest.mark.slow
@@ -196,7 +170,10 @@ def test_two_processes_give_the_parameters_of_one(tmp_path: Path) -> None:
     """2 processes (torchrun, gloo) x 2 micro-batches x 16 rows give the parameters of 1 x 64, per case."""
     from safetensors.torch import load_file
 
-    _torchrun(tmp_path / "two")
+    # imported here: this file also runs as a torchrun worker, where tests/ is not importable
+    from tests.model_fixtures import torchrun
+
+    torchrun(__file__, str(tmp_path / "two"), timeout=900)
     for name in sorted(CASES):
         trainer = case_trainer(name, tmp_path / name, None)
         initial = {k: v.detach().clone() for k, v in trainer.actor_critic.module.state_dict().items()}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_task import tiny_config, tiny_policy, tiny_setup, tiny_tokenizer
+from tiny_task import config_choices, tiny_config, tiny_policy, tiny_setup, tiny_tokenizer
 
 from ppo_ref import rollout_correction
 from ppo_ref.trainer import PPOTrainer, TrainerConfig
@@ -75,15 +75,7 @@ def test_generate_records_the_samplers_logprobs() -> None:
 
 
 @pytest.mark.parametrize(
-    "mode",
-    [
-        "token-truncate",
-        "token-mask",
-        "sequence-truncate",
-        "sequence-mask",
-        "geometric-truncate",
-        "geometric-mask",
-    ],
+    "mode", sorted(str(mode) for mode in config_choices("rollout_correction") - {"none"})
 )
 def test_the_weights_are_the_reference_functions(mode: str) -> None:
     generator = torch.Generator().manual_seed(0)

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_cli_as_a_user import PPO_REF, SMALL, local_inputs
+from test_cli_as_a_user import PPO_REF, SMALL
+from tiny_task import write_tiny_inputs
 
 import ppo_ref_entry
 from ppo_ref.trainer import TrainerConfig
@@ -65,7 +66,7 @@ def _command(*argv: str, env_extra: dict[str, str] | None = None) -> subprocess.
 
 @pytest.mark.multiprocess
 def test_the_command_runs_on_one_passive_thread_by_default(tmp_path: Path) -> None:
-    inputs = local_inputs(tmp_path)
+    inputs = write_tiny_inputs(tmp_path)
     out = tmp_path / "run"
     result = _command(
         "train", "--policy", inputs["policy"], "--prompts", inputs["prompts"], *SMALL, "--out", str(out)

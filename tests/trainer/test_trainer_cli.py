@@ -16,16 +16,6 @@ from ppo_ref.trainer.metrics import PLOTS, REQUIRED_METRICS, STAGE_SECONDS
 from ppo_ref.trainer.setup import load_prompts
 
 
-@pytest.fixture
-def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail the test if the CLI gets as far as building models (a bad config must stop before)."""
-
-    def forbidden(*args: object, **kwargs: object) -> None:
-        raise AssertionError("build_setup was called: the config error came too late")
-
-    monkeypatch.setattr("ppo_ref.trainer.setup.build_setup", forbidden)
-
-
 def _parse(argv: list[str]) -> TrainerConfig:
     return cli.resolve_config(cli.build_parser().parse_args(["train", *argv]))[0]
 

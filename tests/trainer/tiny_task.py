@@ -6,6 +6,8 @@ default dropout (0.1), so every test also exercises the trainer's dropout switch
 
 from __future__ import annotations
 
+import json
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,38 @@ def count_a(prompts: Sequence[str], responses: Sequence[str]) -> list[float]:
 
 
 PROMPTS = ["abc", "hgf", "d", "ee e", "bach", "cafe", "g", "ab ab", "fed", "hh", "a", "bb"]
+
+
+def write_tiny_inputs(directory: Path) -> dict[str, str]:
+    """What the command line takes instead of a task: the tiny policy with its tokenizer saved in
+    ``directory/policy`` and the PROMPTS in ``directory/prompts.jsonl`` (keys ``policy``, ``prompts``)."""
+    tokenizer = tiny_tokenizer()
+    policy = directory / "policy"
+    tiny_policy(tokenizer).save_pretrained(policy)
+    tokenizer.save_pretrained(policy)
+    prompts = directory / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    return {"policy": str(policy), "prompts": str(prompts)}
+
+
+def tiny_cli_argv(tmp_path: Path, *flags: str) -> list[str]:
+    """argv of a tiny ``train`` run from the command line: the :func:`write_tiny_inputs` in
+    ``tmp_path``, the reward ``tiny_task:count_a``, 2 iterations of 8 rollouts of 5 new tokens in 2
+    minibatches, 4 eval samples, no progress bar, TensorBoard or plots; then ``flags``."""
+    inputs = write_tiny_inputs(tmp_path)
+    argv = ["train", "--policy", inputs["policy"], "--prompts", inputs["prompts"]]
+    argv += ["--reward", "tiny_task:count_a", "--iterations", "2", "--rollout-batch-size", "8"]
+    argv += ["--max-new-tokens", "5", "--num-minibatches", "2", "--eval-samples", "4"]
+    return [*argv, "--no-progress-bar", "--no-tensorboard", "--no-plots", *flags]
+
+
+def config_choices(name: str) -> set[object]:
+    """The values TrainerConfig's field ``name`` may take: the members of its ``Literal`` (None
+    aside where the field is optional)."""
+    annotation = typing.get_type_hints(TrainerConfig)[name]
+    members = typing.get_args(annotation)
+    literal = next((m for m in members if typing.get_origin(m) is typing.Literal), annotation)
+    return set(typing.get_args(literal))
 
 
 def tiny_setup(pad_equals_eos: bool = False, reward_model: bool = False, seed: int = 0) -> TrainingSetup:

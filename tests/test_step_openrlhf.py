@@ -17,25 +17,15 @@ independently on the same model. Skipped where the environment is missing
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.thirdparty_env import STEP_ENVIRONMENT, run_step_tier, thirdparty_python
+from tests.thirdparty_env import run_step_check, run_step_tier
 
-REPO = Path(__file__).resolve().parents[1]
 EXPECTED_FAILURES: set[str] = set()
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
-
-ENVIRONMENT = STEP_ENVIRONMENT
-
-
-def _python() -> Path:
-    return thirdparty_python("openrlhf")  # skips where .envs/openrlhf is missing
 
 
 def test_step_tier_verdicts_of_openrlhf() -> None:
@@ -112,13 +102,7 @@ print("RESULT" + json.dumps(out))
 @functools.lru_cache(maxsize=1)
 def _checked() -> dict[str, Any]:
     """CHECK's measurements (one OpenRLHF process for the tests below)."""
-    done = subprocess.run(
-        [str(_python()), "-c", CHECK], cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=600
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
-    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
-    result: dict[str, Any] = json.loads(line[len("RESULT") :])
-    return result
+    return run_step_check("openrlhf", CHECK, timeout=600)
 
 
 def test_openrlhf_step_gradient_is_the_formula_on_the_same_model() -> None:

@@ -28,17 +28,13 @@ Skipped where the environment is missing (``python tools/thirdparty_envs.py rlin
 from __future__ import annotations
 
 import functools
-import json
 import re
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.thirdparty_env import STEP_ENVIRONMENT, run_step_tier, thirdparty_python
+from tests.thirdparty_env import STEP_ENVIRONMENT, run_step_check, run_step_tier
 
-REPO = Path(__file__).resolve().parents[1]
 EXPECTED_FAILURES = {
     "test_step2_micro_batches_give_the_whole_batch_gradient[2]",
     "test_step2_micro_batches_give_the_whole_batch_gradient[4]",
@@ -49,10 +45,6 @@ EXPECTED_FAILURES = {
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
 
 ENVIRONMENT = STEP_ENVIRONMENT
-
-
-def _python() -> Path:
-    return thirdparty_python("rlinf")  # skips where .envs/rlinf is missing
 
 
 def test_step_tier_verdicts_of_rlinf() -> None:
@@ -133,13 +125,7 @@ print("RESULT" + json.dumps(out))
 @functools.lru_cache(maxsize=1)
 def _checked() -> dict[str, Any]:
     """CHECK's measurements (one RLinf process for the tests below)."""
-    done = subprocess.run(
-        [str(_python()), "-c", CHECK], cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=600
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
-    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
-    result: dict[str, Any] = json.loads(line[len("RESULT") :])
-    return result
+    return run_step_check("rlinf", CHECK, timeout=600)
 
 
 def test_rlinf_step_gradient_is_the_formula_on_the_same_model() -> None:

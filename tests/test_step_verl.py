@@ -14,29 +14,19 @@ regression of the runner, shows up here. Skipped where the environment is missin
 from __future__ import annotations
 
 import functools
-import json
 import re
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.thirdparty_env import STEP_ENVIRONMENT, run_step_tier, thirdparty_python
+from tests.thirdparty_env import run_step_check, run_step_tier
 
-REPO = Path(__file__).resolve().parents[1]
 EXPECTED_FAILURES = {
     "test_step3_extra_completion_padding",
     "test_step3_extra_prompt_padding",
 }
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty]
-
-ENVIRONMENT = STEP_ENVIRONMENT
-
-
-def _python() -> Path:
-    return thirdparty_python("verl")  # skips where .envs/verl is missing; fails under PPO_REF_REQUIRE_ENVS=1
 
 
 def test_step_tier_verdicts_of_verl() -> None:
@@ -121,13 +111,7 @@ print("RESULT" + json.dumps(out))
 @functools.lru_cache(maxsize=1)
 def _checked() -> dict[str, Any]:
     """CHECK's measurements (one verl process for both tests below)."""
-    done = subprocess.run(
-        [str(_python()), "-c", CHECK], cwd=REPO, capture_output=True, text=True, env=ENVIRONMENT, timeout=600
-    )
-    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
-    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
-    result: dict[str, Any] = json.loads(line[len("RESULT") :])
-    return result
+    return run_step_check("verl", CHECK, timeout=600)
 
 
 def test_verl_step_gradient_and_constant_normaliser() -> None:

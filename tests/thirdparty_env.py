@@ -156,6 +156,27 @@ def run_json_in_env(name: str, script: str, timeout: float = 300) -> Any:
 
 STEP_ENVIRONMENT: Mapping[str, str] = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 """The environment the step-tier tests run a library's interpreter in: offline, one thread."""
+
+
+def run_step_check(name: str, script: str, timeout: float = 900) -> dict[str, Any]:
+    """The measurements a step test's check script prints as JSON on its ``RESULT`` line, run by
+    ``.envs/NAME``'s Python in the checkout under :data:`STEP_ENVIRONMENT` (skips or fails where the
+    environment is missing, as :func:`thirdparty_python`); fails with the output's tail where no such
+    line comes."""
+    done = subprocess.run(
+        [str(thirdparty_python(name)), "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=dict(STEP_ENVIRONMENT),
+        timeout=timeout,
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-2000:]
+    result: dict[str, Any] = json.loads(line[len("RESULT") :])
+    return result
+
+
 STEP_PLUGIN = ("-p", "no:ppo_ref_conformance", "-p", "conformance.plugin")
 """The checkout's plugin (``conformance.plugin``), not the one an editable install of another
 checkout names."""

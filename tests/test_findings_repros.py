@@ -158,6 +158,7 @@ def _library_modules() -> dict[str, set[str]]:
         ("trl_step.py", "trl"): "",
         ("trl_step.py", "trl116"): "trl.experimental.ppo",
         ("openrlhf_step.py", "openrlhf"): "",
+        ("openrlhf_standins.py", "openrlhf"): "",
         ("swift_step.py", "swift"): "",
         ("rlinf_step.py", "rlinf"): "",
         ("skyrl_step.py", "skyrl"): "",

@@ -38,12 +38,13 @@ CHECK = """
 import json
 import torch
 from ppo_ref.adapters.step import example_batch, gradient_difference, treated_as_truncated
-from ppo_ref.adapters.thirdparty.openrlhf_step import OpenRLHFStep, _arguments, _setup_process
+from ppo_ref.adapters.thirdparty.openrlhf_standins import setup_process
+from ppo_ref.adapters.thirdparty.openrlhf_step import OpenRLHFStep, _arguments
 batch = example_batch(budget=6, prompt_length=9)
 runner = OpenRLHFStep()
 out = {}
 # the engine is DeepSpeed's own, on its CPU accelerator
-_setup_process()
+setup_process()
 worker = runner._actor(batch, _arguments(batch, "token-mean", 2, 0, runner._dir))
 engine = worker.actor.model
 from deepspeed.accelerator import get_accelerator

@@ -36,7 +36,7 @@ release, ``openrlhf/...``):
   (``--ds.attn_implementation eager``: flash-attn does not run on a CPU); the model a tiny
   ``Qwen2ForCausalLM`` built from a fixed seed and saved to a temporary directory.
 
-Stand-ins (also listed in ``provenance``):
+Stand-ins (also listed in ``provenance``; :mod:`ppo_ref.adapters.thirdparty.openrlhf_standins` holds them):
 
 - the import stubs of :mod:`ppo_ref.adapters.thirdparty._openrlhf_stubs` (flash_attn, vllm; never
   called);
@@ -74,13 +74,11 @@ Statistics: ``rollout_columns`` (extra) is the width of the rollout batch's ``se
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import importlib.metadata
 import os
-import socket
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
@@ -95,6 +93,12 @@ from ppo_ref.adapters.step_kit import (
     step_result,
     tiny_config,
     word_tokenizer,
+)
+from ppo_ref.adapters.thirdparty.openrlhf_standins import (
+    VllmEngine,
+    cpu_calls,
+    fp32_parameters,
+    setup_process,
 )
 
 __all__ = [
@@ -224,75 +228,6 @@ def _arguments(batch: StepBatch, loss_mode: str, micro: int, seed: int, director
     )
 
 
-def _setup_process() -> None:
-    """The import stubs and a gloo process group of world size 1 (once per process)."""
-    import torch.distributed as dist
-
-    from ppo_ref.adapters.thirdparty import _openrlhf_stubs
-
-    _openrlhf_stubs.install()
-    if not dist.is_initialized():
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        for key, value in (
-            ("MASTER_ADDR", "127.0.0.1"),
-            ("MASTER_PORT", str(port)),
-            ("RANK", "0"),
-            ("LOCAL_RANK", "0"),  # deepspeed.init_distributed reads it (else it tries MPI discovery)
-            ("WORLD_SIZE", "1"),
-        ):
-            os.environ.setdefault(key, value)
-        dist.init_process_group("gloo", rank=0, world_size=1)
-
-
-@contextlib.contextmanager
-def _cpu_calls(device: Any = "cpu") -> Iterator[None]:
-    """``torch.cuda.current_device`` answering ``device``; ``synchronize`` / ``empty_cache`` no-ops;
-    OpenRLHF's ``init_device_mesh`` on the CPU (the stand-ins of the module docstring)."""
-    ds_module: Any = importlib.import_module("openrlhf.utils.deepspeed.deepspeed")
-    saved = (
-        torch.cuda.current_device,
-        torch.cuda.synchronize,
-        torch.cuda.empty_cache,
-        torch.cuda.set_device,
-        ds_module.init_device_mesh,
-    )
-    mesh = saved[4]
-
-    def cpu_mesh(device_type: str, *args: Any, **kwargs: Any) -> Any:
-        return mesh("cpu", *args, **kwargs)
-
-    torch.cuda.current_device = lambda: device
-    torch.cuda.synchronize = lambda *args, **kwargs: None
-    torch.cuda.empty_cache = lambda: None
-    torch.cuda.set_device = lambda device: None
-    ds_module.init_device_mesh = cpu_mesh
-    try:
-        yield
-    finally:
-        torch.cuda.current_device, torch.cuda.synchronize, torch.cuda.empty_cache, torch.cuda.set_device = (
-            saved[:4]
-        )
-        ds_module.init_device_mesh = saved[4]
-
-
-@contextlib.contextmanager
-def _fp32_parameters() -> Iterator[None]:
-    """``convert_to_torch_dtype("fp32")`` answering float32 (the release raises for it)."""
-    utils: Any = importlib.import_module("openrlhf.utils.utils")
-    convert = utils.convert_to_torch_dtype
-
-    def fp32(param_dtype: str) -> torch.dtype:
-        return torch.float32 if param_dtype == "fp32" else convert(param_dtype)
-
-    utils.convert_to_torch_dtype = fp32
-    try:
-        yield
-    finally:
-        utils.convert_to_torch_dtype = convert
-
-
 def _advantages(strategy: Any, args: Any, experiences: list[Any]) -> list[Any]:
     """``RemoteExperienceMaker.compute_advantages_and_returns`` on an experience maker holding only
     what the method reads (the strategy, its args, the estimator, a KL controller at 0) and its own
@@ -309,30 +244,6 @@ def _advantages(strategy: Any, args: Any, experiences: list[Any]) -> list[Any]:
     holder.get_cumulative_returns = MethodType(Maker.get_cumulative_returns, holder)
     holder.get_advantages_and_returns = MethodType(Maker.get_advantages_and_returns, holder)
     return list(Maker.compute_advantages_and_returns(holder, experiences))
-
-
-class _Generation:
-    """vLLM's ``CompletionOutput`` as ``execute`` reads it."""
-
-    def __init__(self, token_ids: list[int], finish_reason: str) -> None:
-        self.token_ids, self.finish_reason, self.logprobs = token_ids, finish_reason, None
-
-
-class _Engine:
-    """vLLM's engine in ``SingleTurnAgentExecutor.execute``: ``generate`` answers the batch's
-    completion of the row being rolled out, with vLLM's finish reason."""
-
-    def __init__(self, completion: tuple[int, ...], eos_id: int, max_tokens: int) -> None:
-        self.completion, self.eos_id, self.max_tokens = completion, eos_id, max_tokens
-
-    async def generate(self, prompt_token_ids: list[int], params: Any, multi_modal_data: Any = None) -> Any:
-        if params.max_tokens != self.max_tokens:
-            raise RuntimeError(
-                f"execute asked for {params.max_tokens} tokens, the budget is {self.max_tokens}"
-            )
-        ended = self.completion[-1] == self.eos_id
-        reason = "stop" if ended else ("length" if len(self.completion) >= params.max_tokens else "stop")
-        return SimpleNamespace(outputs=[_Generation(list(self.completion), reason)])
 
 
 class OpenRLHFStep:
@@ -416,7 +327,7 @@ class OpenRLHFStep:
             prompt = " ".join(
                 tokenizer.convert_ids_to_tokens(list(batch.prompt_ids[row // batch.group_size]))
             )
-            engine = _Engine(completion, batch.eos_id, batch.budget)
+            engine = VllmEngine(completion, batch.eos_id, batch.budget)
             response = asyncio.run(
                 executor.execute(prompt, str(row), params, args.data.max_len, tokenizer, engine)
             )
@@ -463,7 +374,7 @@ class OpenRLHFStep:
         cls = ppo_actor.PolicyModelActor.__ray_metadata__.modified_class
         worker = object.__new__(cls)
         strategy = get_strategy(args)
-        with _fp32_parameters(), _cpu_calls(0):
+        with fp32_parameters(), cpu_calls(0):
             cls.init_model_from_pretrained(worker, strategy, self._model_path(batch.vocab_size), max_steps=1)
         return worker
 
@@ -471,7 +382,7 @@ class OpenRLHFStep:
         self, batch: StepBatch, args: Any, worker: Any, pad_to: int | None, fill: int
     ) -> list[Any]:
         experiences = self._rollout(batch, args, word_tokenizer(batch.vocab_size, padding_side="left"))
-        with _cpu_calls():
+        with cpu_calls():
             for experience in experiences:
                 if pad_to is not None or fill != batch.pad_id:
                     self._pad(experience, batch, pad_to, fill)
@@ -515,7 +426,7 @@ class OpenRLHFStep:
     ) -> StepResult:
         """One actor update of OpenRLHF's PPO actor on ``batch`` (module docstring)."""
         fill = check_run(batch, loss_mode, LOSS_MODES, micro_batches, pad_to, pad_fill)
-        _setup_process()
+        setup_process()
         args = _arguments(batch, loss_mode, micro_batches, self.seed, self._dir)
         worker = self._actor(batch, args)
         try:
@@ -558,7 +469,7 @@ class OpenRLHFStep:
         trainer.actor_loss_fn = loss
         engine.step = recording_step
         torch.manual_seed(self.seed)  # the DataLoader's shuffle
-        with _cpu_calls():
+        with cpu_calls():
             status = cls.fit(worker, kl_ctl=0.0)
         if len(record["gradients"]) != 1:
             raise RuntimeError(
@@ -580,7 +491,7 @@ class OpenRLHFStep:
         get the coefficient as their reward). No gradient."""
         if not isinstance(batch, StepBatch):
             raise ValueError(f"batch: expected a StepBatch, got {type(batch).__name__}")
-        _setup_process()
+        setup_process()
         args = _arguments(batch, LOSS_MODES[0], 1, self.seed, self._dir)
         args.reward.stop_properly_penalty_coef = STOP_PROPERLY_PENALTY
         experiences = self._rollout(batch, args, word_tokenizer(batch.vocab_size, padding_side="left"))

@@ -1,4 +1,4 @@
-"""The trainer-step tier run against skyrl 0.4.0's own trainer step, in ``.envs/skyrl`` (spec STEP-1..5).
+"""The trainer-step tier run against skyrl 0.4.0's own trainer step, in ``.envs/skyrl`` (spec STEP-1..6).
 
 ``pytest conformance/test_step_tier.py --impl=skyrl`` (the built-in step runner of the ``skyrl`` adapter,
 ``ppo_ref.adapters.thirdparty.skyrl_step``: ``RayPPOTrainer``'s ``postprocess_generator_output``,

@@ -22,6 +22,7 @@ the whole batch in one step; a runner declaring ``accumulation_not_provided`` ge
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 
@@ -90,6 +91,37 @@ def _run(
     return _RESULTS[key]
 
 
+@dataclass(frozen=True)
+class _Moved:
+    """How far a variant's step moved from the whole-batch step: the gradient's largest difference,
+    the reference's largest entry, their ratio, and the loss difference."""
+
+    diff: float
+    scale: float
+    relative: float
+    loss_diff: float
+    base_loss: float
+
+    @staticmethod
+    def between(base: StepResult, other: StepResult) -> _Moved:
+        diff, scale = gradient_difference(base, other)
+        return _Moved(diff, scale, diff / max(scale, 1e-30), abs(base.loss - other.loss), base.loss)
+
+    @property
+    def beyond_tolerance(self) -> bool:
+        """The gradient beyond RELATIVE_TOLERANCE of its largest entry, or the loss beyond the same
+        fraction of ``max(|loss|, 1)``."""
+        return self.relative > RELATIVE_TOLERANCE or self.loss_diff > RELATIVE_TOLERANCE * max(
+            abs(self.base_loss), 1.0
+        )
+
+    @property
+    def measure(self) -> str:
+        return (
+            f"|dgrad| {self.diff:.3g} of {self.scale:.3g} ({self.relative:.2e}), |dloss| {self.loss_diff:.3g}"
+        )
+
+
 def _compare(
     runner: StepRunner,
     batch: StepBatch,
@@ -103,18 +135,13 @@ def _compare(
     for mode in runner.loss_modes:
         base = _run(runner, batch, mode)
         other = _run(runner, batch, mode, **variant)
-        diff, scale = gradient_difference(base, other)
-        relative = diff / max(scale, 1e-30)
-        loss_diff = abs(base.loss - other.loss)
-        record(
-            "step_measure",
-            f"{runner.name} {mode} {label}: |dgrad| {diff:.3g} of {scale:.3g} ({relative:.2e}), "
-            f"|dloss| {loss_diff:.3g}",
-        )
-        if relative > RELATIVE_TOLERANCE or loss_diff > RELATIVE_TOLERANCE * max(abs(base.loss), 1.0):
+        moved = _Moved.between(base, other)
+        record("step_measure", f"{runner.name} {mode} {label}: {moved.measure}")
+        if moved.beyond_tolerance:
             failures.append(
-                f"{mode}: {label} moved the gradient by {diff:.3g} (its largest entry {scale:.3g}, "
-                f"relative {relative:.2e} > {RELATIVE_TOLERANCE:g}) and the loss by {loss_diff:.3g}"
+                f"{mode}: {label} moved the gradient by {moved.diff:.3g} (its largest entry "
+                f"{moved.scale:.3g}, relative {moved.relative:.2e} > {RELATIVE_TOLERANCE:g}) and the loss "
+                f"by {moved.loss_diff:.3g}"
             )
     return failures
 
@@ -254,22 +281,19 @@ def test_step6_accumulation_steps_give_the_whole_batch_step(
         else:
             other = accumulate(batch, loss_mode=mode, accumulation_steps=k)
         steps = other.stats.get("optimizer_steps")
-        diff, scale = gradient_difference(base, other)
-        relative = diff / max(scale, 1e-30)
-        loss_diff = abs(base.loss - other.loss)
+        moved = _Moved.between(base, other)
         record_property(
             "step_measure",
-            f"{runner.name} {mode} {k} accumulation steps: |dgrad| {diff:.3g} of {scale:.3g} "
-            f"({relative:.2e}), |dloss| {loss_diff:.3g}, optimizer steps {steps}",
+            f"{runner.name} {mode} {k} accumulation steps: {moved.measure}, optimizer steps {steps}",
         )
         problems = []
         if steps is not None and steps != 1:
             problems.append(f"the library took {steps:g} optimizer steps, expected 1")
-        if relative > RELATIVE_TOLERANCE or loss_diff > RELATIVE_TOLERANCE * max(abs(base.loss), 1.0):
+        if moved.beyond_tolerance:
             problems.append(
-                f"the gradient moved by {diff:.3g} (its largest entry {scale:.3g}, relative {relative:.2e} > "
-                f"{RELATIVE_TOLERANCE:g}; ratio of norms {_norm(other) / max(_norm(base), 1e-30):.4g}) and "
-                f"the loss by {loss_diff:.3g}"
+                f"the gradient moved by {moved.diff:.3g} (its largest entry {moved.scale:.3g}, relative "
+                f"{moved.relative:.2e} > {RELATIVE_TOLERANCE:g}; ratio of norms "
+                f"{_norm(other) / max(_norm(base), 1e-30):.4g}) and the loss by {moved.loss_diff:.3g}"
             )
         if not problems:
             continue

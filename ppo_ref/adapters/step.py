@@ -152,22 +152,25 @@ def _accumulation_problems(runner: object) -> list[str]:
     return problems
 
 
+def _declared_text(runner: object, attribute: str) -> str | None:
+    """``runner``'s optional text declaration ``attribute`` (a setting or a reason), or None;
+    ValueError naming it where it is not a non-empty str."""
+    text = getattr(runner, attribute, None)
+    if text is not None and (not isinstance(text, str) or not text.strip()):
+        raise ValueError(f"runner: {attribute} must be a non-empty str or None, got {text!r}")
+    return text
+
+
 def accumulation_setting(runner: object) -> str | None:
     """The gradient-accumulation setting ``runner`` drives for STEP-6 (its ``accumulation_setting``
     attribute), or None (STEP-6 not provided)."""
-    setting = getattr(runner, "accumulation_setting", None)
-    if setting is not None and (not isinstance(setting, str) or not setting.strip()):
-        raise ValueError(f"runner: accumulation_setting must be a non-empty str or None, got {setting!r}")
-    return setting
+    return _declared_text(runner, "accumulation_setting")
 
 
 def accumulation_not_provided(runner: object) -> str | None:
     """The reason ``runner`` gives for its library having no gradient-accumulation setting (its
     ``accumulation_not_provided`` attribute; STEP-6 then reports "not provided"), or None."""
-    reason = getattr(runner, "accumulation_not_provided", None)
-    if reason is not None and (not isinstance(reason, str) or not reason.strip()):
-        raise ValueError(f"runner: accumulation_not_provided must be a non-empty str or None, got {reason!r}")
-    return reason
+    return _declared_text(runner, "accumulation_not_provided")
 
 
 def truncation_convention(runner: object) -> LengthPenalty | None:
@@ -181,10 +184,7 @@ def truncation_convention(runner: object) -> LengthPenalty | None:
 def truncation_not_provided(runner: object) -> str | None:
     """The reason ``runner`` gives for its library having no truncation handling of its own (its
     ``truncation_not_provided`` attribute; STEP-5 then reports "not provided"), or None."""
-    reason = getattr(runner, "truncation_not_provided", None)
-    if reason is not None and (not isinstance(reason, str) or not reason.strip()):
-        raise ValueError(f"runner: truncation_not_provided must be a non-empty str or None, got {reason!r}")
-    return reason
+    return _declared_text(runner, "truncation_not_provided")
 
 
 def step_runner(adapter: object) -> StepRunner | None:

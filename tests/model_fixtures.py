@@ -68,9 +68,9 @@ def assert_same_checkpoint(first: Path, second: Path) -> None:
     assert strip(one.metrics_records()) == strip(two.metrics_records())
 
 
-def launch(command: list[str], timeout: float = 300) -> None:
+def launch(command: list[str], timeout: float = 300) -> str:
     """Run a launcher command (torchrun, accelerate launch) from the repository on one thread per
-    process; fail with the tail of its output unless it exits 0."""
+    process; fail with the tail of its output unless it exits 0, else return its standard output."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (
@@ -78,14 +78,18 @@ def launch(command: list[str], timeout: float = 300) -> None:
         + done.stdout[-4000:]
         + done.stderr[-4000:]
     )
+    return done.stdout
 
 
-def torchrun(script: str | Path, *args: str, processes: int = 2, timeout: float = 300) -> None:
+def torchrun(script: str | Path, *args: str, processes: int = 2, timeout: float = 300) -> str:
     """:func:`launch` ``script args`` as ``processes`` torchrun processes on this machine (the
-    ``torchrun`` beside this Python, else ``python -m torch.distributed.run``)."""
+    ``torchrun`` beside this Python, else ``python -m torch.distributed.run``); ``script`` ``-m``
+    with a module first in ``args`` runs the module. Returns the processes' standard output."""
     command = Path(sys.executable).with_name("torchrun")
     launcher = [str(command)] if command.exists() else [sys.executable, "-m", "torch.distributed.run"]
-    launch([*launcher, "--standalone", "--nproc_per_node", str(processes), str(script), *args], timeout)
+    return launch(
+        [*launcher, "--standalone", "--nproc_per_node", str(processes), str(script), *args], timeout
+    )
 
 
 class TwoProcessesInOne:

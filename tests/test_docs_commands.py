@@ -118,9 +118,9 @@ TESTED: dict[str, tuple[str, str, str]] = {
         "with the first line's --append-to target",
     ),
     "torchrun --standalone --nproc_per_node 2 -m ppo_ref.cli train --task reverse --out runs/two": (
-        "tests/reliability/test_reliability_data_parallel.py::test_two_processes_train_like_one",
+        "tests/reliability/test_reliability_data_parallel.py::test_the_documented_torchrun_command_trains_and_both_processes_exit",
         "code path",
-        "two torchrun processes of the trainer through a worker script, not the command line",
+        "this torchrun line on local inputs for one iteration, not the reverse task's default run",
     ),
     "accelerate launch --config_file examples/accelerate/fsdp2.yaml --num_processes 8 -m ppo_ref.cli train": (
         "tests/reliability/test_reliability_fsdp2.py::test_two_fsdp2_processes_train_like_one",

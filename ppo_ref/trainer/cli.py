@@ -28,9 +28,12 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ppo_ref.trainer.config import TrainerConfig, config_from_toml, field_docs, field_types
+
+if TYPE_CHECKING:  # the trainer (transformers, accelerate) loads only when a run starts
+    from ppo_ref.trainer.loop import PPOTrainer
 
 __all__ = ["build_parser", "check_output_dir", "main", "resolve_config", "run_files"]
 
@@ -377,6 +380,22 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"ppo-ref train: error: {error}", file=sys.stderr)
         return 2
+    try:
+        status = _train_and_report(trainer, args, started)
+    finally:
+        # destroys the process group of a launched run while the trainer is alive (a no-op in one process)
+        trainer.accelerator.end_training()
+    if trainer.parallel.world_size > 1:
+        # still holding the trainer: the process ends without tearing its group down (a gloo hang or
+        # SIGABRT at exit otherwise; exit_launched_process says why)
+        from ppo_ref.trainer.distributed import exit_launched_process
+
+        exit_launched_process(trainer.accelerator, status)
+    return status
+
+
+def _train_and_report(trainer: PPOTrainer, args: argparse.Namespace, started: float) -> int:
+    """Train, print the summary on the main process; the exit status (1: a run error, 130: stopped)."""
     from ppo_ref.trainer import (
         BadScoreError,
         LogprobMismatchError,
@@ -385,7 +404,7 @@ def _train(args: argparse.Namespace) -> int:
     )
 
     if args.overwrite and trainer.parallel.is_main:
-        _overwrite(Path(config.out))
+        _overwrite(Path(trainer.config.out))
     trainer.parallel.barrier()
     try:
         summary = trainer.train(started_at=started, status=_say if trainer.parallel.is_main else None)
@@ -397,10 +416,6 @@ def _train(args: argparse.Namespace) -> int:
     ) as error:
         print(f"ppo-ref train: error: {error}", file=sys.stderr)
         return 1
-    finally:
-        # destroys the process group of a launched run (a no-op in one process): left to the
-        # interpreter's exit, gloo's worker threads can abort the process (pytorch#190489)
-        trainer.accelerator.end_training()
     if trainer.parallel.is_main:
         _print_summary(summary)
     return 130 if summary.get("interrupted") else 0

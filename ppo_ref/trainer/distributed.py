@@ -23,9 +23,11 @@ With one process every collective is the identity and nothing is wrapped.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import torch
 from accelerate import Accelerator  # type: ignore[import-untyped, unused-ignore]
@@ -39,7 +41,14 @@ from accelerate.utils import (  # type: ignore[import-untyped, unused-ignore]
 )
 from torch import Tensor, nn
 
-__all__ = ["Collectives", "DataParallel", "LocalCollectives", "cpu_fsdp2_accelerator", "default_accelerator"]
+__all__ = [
+    "Collectives",
+    "DataParallel",
+    "LocalCollectives",
+    "cpu_fsdp2_accelerator",
+    "default_accelerator",
+    "exit_launched_process",
+]
 
 
 def default_accelerator() -> Accelerator:
@@ -305,3 +314,37 @@ class DataParallel:
         values["train_batch_size"] = rows_per_process * self.world_size
         if values.get("gradient_clipping", "auto") == "auto":
             values["gradient_clipping"] = 0.0 if max_grad_norm is None else float(max_grad_norm)
+
+
+def exit_launched_process(accelerator: Accelerator, status: int = 0) -> NoReturn:
+    """End one process of a launched run: destroy its process group, flush, and ``os._exit(status)``.
+
+    Call it where the trainer (its wrapped module) is still referenced, once the run's files are
+    closed. The process then ends without destructors, because on CPUs (gloo) tearing down what
+    holds the process group can hang or abort a process whose run went well, seen with torch 2.13:
+
+    - *hang*: the last reference to the group, a DDP ``Reducer`` freed with the GIL held, joins
+      gloo's worker threads in ``~ProcessGroupGloo`` while one of them frees an all-gather's work,
+      whose tensors need the GIL to be freed (py-spy: ``std::thread::join`` under
+      ``c10d::Reducer::~Reducer`` against ``gil_scoped_acquire`` under ``~AsyncAllgatherWork``);
+      the same wait as pytorch#56297, still open;
+    - *abort*: left to the interpreter's exit, the same worker threads reach for a GIL that is
+      being torn down: ``terminate called without an active exception``, SIGABRT (the reason of
+      pytorch#179291, an ``atexit`` fix abandoned as "much more complicated").
+
+    ``accelerator.end_training()`` first, so the group is destroyed (and the backend shut down) on
+    every process before any of them leaves; the launcher sees ``status`` from each process.
+
+    Args:
+        accelerator: the run's accelerator.
+        status: the exit status, 0 to 255.
+    """
+    if isinstance(status, bool) or not isinstance(status, int) or not 0 <= status <= 255:
+        raise ValueError(f"status: expected an exit status from 0 to 255, got {status!r}")
+    if not callable(getattr(accelerator, "end_training", None)):
+        raise ValueError(f"accelerator: expected an accelerate Accelerator, got {type(accelerator).__name__}")
+    accelerator.end_training()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

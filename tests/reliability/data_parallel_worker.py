@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "trainer"))
 from tiny_task import tiny_config, tiny_setup
 
 from ppo_ref.trainer import PPOTrainer, TrainerConfig, TrainingSetup
+from ppo_ref.trainer.distributed import exit_launched_process
 
 ITERATIONS = 2
 
@@ -66,4 +67,5 @@ def run(out: Path, accelerator: Accelerator | None = None) -> PPOTrainer:
 
 if __name__ == "__main__":
     torch.set_num_threads(1)
-    run(Path(sys.argv[1]), Accelerator(cpu=True, mixed_precision="no")).accelerator.end_training()
+    trainer = run(Path(sys.argv[1]), Accelerator(cpu=True, mixed_precision="no"))
+    exit_launched_process(trainer.accelerator)  # the trainer still held: no teardown hang or abort

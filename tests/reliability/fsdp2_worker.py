@@ -28,6 +28,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from ppo_ref.trainer import PPOTrainer, TrainerConfig
+from ppo_ref.trainer.distributed import exit_launched_process
 from ppo_ref.trainer.generation import generate, left_pad, position_ids_from_mask
 
 ROWS = 2  # rows per process in the generation check
@@ -136,7 +137,7 @@ def main(out: Path, checkpoint: Path | None) -> None:
         report["generation"] = generation_check(trainer, counters)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"fsdp2-rank{trainer.parallel.rank}.json").write_text(json.dumps(report, indent=1))
-    trainer.accelerator.end_training()  # the process group destroyed before exit (pytorch#190489)
+    exit_launched_process(trainer.accelerator)  # the trainer still held: no teardown hang or abort
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from data_parallel_worker import ITERATIONS, float64_setup, run, worker_config
-from reliability_support import assert_runs_agree, one_thread, out_dir
+from reliability_support import assert_runs_agree, cli_args, one_thread, out_dir, write_local_inputs
 from safetensors.torch import load_file
 from tiny_task import tiny_config, tiny_setup
 
@@ -20,6 +20,21 @@ from tests.model_fixtures import TwoProcessesInOne, torchrun
 __all__ = ["one_thread", "out_dir"]
 
 WORKER = Path(__file__).with_name("data_parallel_worker.py")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_the_documented_torchrun_command_trains_and_both_processes_exit(tmp_path: Path) -> None:
+    """docs/distributed.md's ``torchrun --standalone --nproc_per_node 2 -m ppo_ref.cli train``, on
+    local inputs for one iteration: both processes exit 0 (the command line ends them through
+    ``exit_launched_process``), process 0 alone prints the summary and writes the run's files."""
+    import json
+
+    out = tmp_path / "two"
+    stdout = torchrun("-m", "ppo_ref.cli", *cli_args(write_local_inputs(tmp_path / "inputs"), out, 1))
+    assert stdout.count("eval score ") == 1, stdout[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["iterations_done"] == 1
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_task import tiny_config, tiny_policy, tiny_setup, tiny_tokenizer
 
 from ppo_ref.trainer import PPOTrainer, TrainerConfig, TrainingSetup
+from ppo_ref.trainer.distributed import exit_launched_process
 
 
 def worker_config(out: Path) -> TrainerConfig:
@@ -91,5 +92,6 @@ if __name__ == "__main__":
 
     torch.set_num_threads(1)
     accelerator = Accelerator(cpu=True, mixed_precision="no")
-    PPOTrainer(worker_config(Path(sys.argv[1])), worker_setup(), accelerator).train()
-    accelerator.end_training()  # the process group destroyed before exit (pytorch#190489)
+    trainer = PPOTrainer(worker_config(Path(sys.argv[1])), worker_setup(), accelerator)
+    trainer.train()
+    exit_launched_process(accelerator)  # the trainer still held: no teardown hang or abort

@@ -27,6 +27,7 @@ from tiny_task import tiny_config, tiny_setup
 
 from ppo_ref.trainer import PPOTrainer, TrainingSetup
 from ppo_ref.trainer.data import Rollout
+from ppo_ref.trainer.distributed import exit_launched_process
 from ppo_ref.trainer.update import UpdateStats, minibatch_backward
 
 ROWS = 64
@@ -200,7 +201,7 @@ def _worker(out: Path) -> None:
         state, _ = trained(trainer, trainer.collect_rollout(0))
         unique = {k: v.contiguous() for k, v in state.items() if k != "policy.lm_head.weight"}
         save_file(unique, str(out / f"{name}-rank{accelerator.process_index}.safetensors"))
-    accelerator.end_training()  # the process group destroyed before exit (pytorch#190489)
+    exit_launched_process(accelerator)  # the last trainer still held: no teardown hang or abort
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ import torch
 from ppo_ref.adapters.step import example_batch, gradient_difference, treated_as_truncated
 from ppo_ref.adapters.thirdparty.openrlhf_standins import setup_process
 from ppo_ref.adapters.thirdparty.openrlhf_step import OpenRLHFStep, _arguments
+from step_formula import (group_advantages, ratio_one_surrogate, refusals,
+                           relative_gradient_difference, tiny_model)
 batch = example_batch(budget=6, prompt_length=9)
 runner = OpenRLHFStep()
 out = {}
@@ -63,39 +65,20 @@ out["plain_mask_rows"] = plain.outputs["loss_mask"].sum(dim=1).tolist()
 shaped = runner.truncation_run(batch)
 out["shaped_rewards"] = [round(x, 6) for x in shaped.outputs["rewards"].tolist()]
 out["shaped_rows"] = list(treated_as_truncated(batch, shaped.outputs))
-errors = []
-for kwargs in ({"loss_mode": "token-sum"}, {"loss_mode": "token-mean", "micro_batches": 3},
-               {"loss_mode": "token-mean", "pad_fill": 1}):
-    try:
-        runner.run(batch, **kwargs)
-    except ValueError as error:
-        errors.append(str(error).split(":")[0])
-out["errors"] = errors
-# the formula, computed independently on the same model (fp32, eager attention)
-from transformers import AutoModelForCausalLM
-path = runner._model_path(batch.vocab_size)
-model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
-scores = torch.tensor(batch.scores).view(-1, batch.group_size)
-adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-9)).flatten()
-tokens = sum(len(c) for c in batch.completions)
+out["errors"] = refusals(runner.run, batch, ({"loss_mode": "token-sum"},
+                        {"loss_mode": "token-mean", "micro_batches": 3},
+                        {"loss_mode": "token-mean", "pad_fill": 1}))
+# the formula, computed independently on the same model (tests/env_helpers/step_formula.py)
+model = tiny_model(runner, batch)
+adv = group_advantages(batch, 1e-9)
 for mode in ("token-mean", "seq-mean-token-mean"):
     for micro in (1, 4):
         theirs = runner.run(batch, loss_mode=mode, micro_batches=micro)
         model.zero_grad()
-        loss, value = 0.0, 0.0  # value: the surrogate at ratio 1, -(A weighted as the mode weighs it)
-        for i, c in enumerate(batch.completions):
-            ids = torch.tensor([list(batch.prompt_ids[i // batch.group_size]) + list(c)])
-            logits = model(ids).logits[0, len(batch.prompt_ids[0]) - 1 : -1]
-            logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c).view(-1, 1)).squeeze(-1)
-            terms = adv[i] * logp
-            share = terms.sum() / tokens if mode == "token-mean" else terms.mean() / batch.size
-            weight = len(c) / tokens if mode == "token-mean" else 1 / batch.size
-            loss, value = loss - share, value - float(adv[i]) * weight
+        loss, value = ratio_one_surrogate(model, batch, adv, range(batch.size), mode == "token-mean")
         loss.backward()
-        names = {n.removeprefix("module."): g for n, g in theirs.gradient.items()}
-        diff = max(float((p.grad.double() - names[n]).abs().max()) for n, p in model.named_parameters())
-        scale = max(float(g.abs().max()) for g in theirs.gradient.values())
-        out[f"independent_{mode}_x{micro}"] = [diff / scale, abs(value - theirs.loss)]
+        relative = relative_gradient_difference(model, theirs.gradient, prefix="module.")
+        out[f"independent_{mode}_x{micro}"] = [relative, abs(value - theirs.loss)]
 print("RESULT" + json.dumps(out))
 """
 

@@ -69,6 +69,8 @@ import json
 import torch
 from ppo_ref.adapters.step import example_batch, treated_as_truncated
 from ppo_ref.adapters.thirdparty.rlinf_step import RlinfStep
+from step_formula import (group_advantages, ratio_one_surrogate, refusals,
+                           relative_gradient_difference, tiny_model)
 batch = example_batch(budget=6, prompt_length=9)
 runner = RlinfStep()
 out = {}
@@ -79,45 +81,26 @@ for key, kwargs in runs.items():
 plain = runner.run(batch, loss_mode="token-mean")
 out["plain_mask_rows"] = plain.outputs["loss_mask"].sum(dim=1).tolist()
 out["plain_rows"] = list(treated_as_truncated(batch, plain.outputs))
-errors = []
-for kwargs in ({"loss_mode": "token-sum"}, {"loss_mode": "token-mean", "micro_batches": 3},
-               {"loss_mode": "token-mean", "pad_fill": 1}):
-    try:
-        runner.run(batch, **kwargs)
-    except ValueError as error:
-        errors.append(str(error).split(":")[0])
-out["errors"] = errors
-# the formula, computed independently on the same model (fp32, eager attention): each micro-batch of
-# m rows aggregated on its own, the micro-batches averaged
-from transformers import AutoModelForCausalLM
-path = runner._model_path(batch.vocab_size)
-model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
-scores = torch.tensor(batch.scores).view(-1, batch.group_size)
-adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)).flatten()
+out["errors"] = refusals(runner.run, batch, ({"loss_mode": "token-sum"},
+                        {"loss_mode": "token-mean", "micro_batches": 3},
+                        {"loss_mode": "token-mean", "pad_fill": 1}))
+# the formula, computed independently on the same model (tests/env_helpers/step_formula.py): each
+# micro-batch of m rows aggregated on its own, the micro-batches averaged
+model = tiny_model(runner, batch)
+adv = group_advantages(batch, 1e-6)
 out["advantages"] = float((plain.outputs["advantages"][:, 0] - adv.double()).abs().max())
 for mode in ("token-mean", "seq-mean-token-mean"):
     for micro in (1, 4):
         theirs = runner.run(batch, loss_mode=mode, micro_batches=micro)
         model.zero_grad()
         size = batch.size // micro
-        loss, value = 0.0, 0.0  # value: the surrogate at ratio 1
+        loss, value = 0.0, 0.0  # the micro-batches' surrogates at ratio 1, averaged
         for start in range(0, batch.size, size):
-            rows = range(start, start + size)
-            tokens = sum(len(batch.completions[i]) for i in rows)
-            for i in rows:
-                c = batch.completions[i]
-                ids = torch.tensor([list(batch.prompt_ids[i // batch.group_size]) + list(c)])
-                logits = model(ids).logits[0, len(batch.prompt_ids[0]) - 1 : -1]
-                logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c).view(-1, 1)).squeeze(-1)
-                terms = adv[i] * logp
-                share = terms.sum() / tokens if mode == "token-mean" else terms.mean() / size
-                weight = len(c) / tokens if mode == "token-mean" else 1 / size
-                loss, value = loss - share / micro, value - float(adv[i]) * weight / micro
+            block = ratio_one_surrogate(model, batch, adv, range(start, start + size), mode == "token-mean")
+            loss, value = loss + block[0] / micro, value + block[1] / micro
         loss.backward()
-        named = model.named_parameters()
-        diff = max(float((p.grad.double() - theirs.gradient[n]).abs().max()) for n, p in named)
-        scale = max(float(g.abs().max()) for g in theirs.gradient.values())
-        out[f"independent_{mode}_x{micro}"] = [diff / scale, abs(value - theirs.loss)]
+        relative = relative_gradient_difference(model, theirs.gradient)
+        out[f"independent_{mode}_x{micro}"] = [relative, abs(value - theirs.loss)]
 print("RESULT" + json.dumps(out))
 """
 

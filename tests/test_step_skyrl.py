@@ -65,6 +65,8 @@ import json
 import torch
 from ppo_ref.adapters.step import example_batch, treated_as_truncated, truncation_problems
 from ppo_ref.adapters.thirdparty.skyrl_step import LOSS_MODES, SkyrlStep
+from step_formula import (completion_logprobs, group_advantages, refusals,
+                           relative_gradient_difference, tiny_model)
 batch = example_batch(budget=6, prompt_length=9)
 runner = SkyrlStep()
 out = {}
@@ -82,21 +84,13 @@ out["cut_mask_rows"] = cut.outputs["loss_mask"].sum(dim=1).tolist()
 out["cut_rewards"] = cut.outputs["rewards"].tolist()
 out["cut_rows"] = list(treated_as_truncated(batch, cut.outputs))
 out["cut_problems"] = truncation_problems(batch, cut)
-errors = []
-for kwargs in ({"loss_mode": "token-mean"}, {"loss_mode": "token_mean", "micro_batches": 3},
-               {"loss_mode": "token_mean", "pad_fill": 1}, {"loss_mode": "token_mean", "pad_to": 5}):
-    try:
-        runner.run(batch, **kwargs)
-    except ValueError as error:
-        errors.append(str(error).split(":")[0])
-out["errors"] = errors
-# the formula, computed independently on the same model (fp32, eager attention, one unpadded row at a
-# time): at ratio 1 the loss is -sum_i w_i A_i sum_t logp_it, w_i the reduction's weight of row i
-from transformers import AutoModelForCausalLM
-path = runner._model_path(batch.vocab_size)
-model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
-scores = torch.tensor(batch.scores).view(-1, batch.group_size)
-adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)).flatten()
+out["errors"] = refusals(runner.run, batch, ({"loss_mode": "token-mean"},
+                        {"loss_mode": "token_mean", "micro_batches": 3},
+                        {"loss_mode": "token_mean", "pad_fill": 1}, {"loss_mode": "token_mean", "pad_to": 5}))
+# the formula, computed independently on the same model (tests/env_helpers/step_formula.py): at ratio 1 the
+# loss is -sum_i w_i A_i sum_t logp_it, w_i the reduction's weight of row i
+model = tiny_model(runner, batch)
+adv = group_advantages(batch, 1e-6)
 out["advantages"] = float((plain.outputs["advantages"][:, 0] - adv.double()).abs().max())
 lengths = [len(c) for c in batch.completions]
 B, G = batch.size, len(batch.prompt_ids)
@@ -118,19 +112,14 @@ for mode in LOSS_MODES:
         model.zero_grad()
         loss, value = 0.0, 0.0  # value: the surrogate at ratio 1
         for i, c in enumerate(batch.completions):
-            ids = torch.tensor([list(batch.prompt_ids[i // batch.group_size]) + list(c)])
-            logits = model(ids).logits[0, len(batch.prompt_ids[0]) - 1 : -1]
-            logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c).view(-1, 1)).squeeze(-1)
             w = weight(mode, i, micro)
-            loss = loss - w * adv[i] * logp.sum()
+            loss = loss - w * adv[i] * completion_logprobs(model, batch, i).sum()
             value -= w * float(adv[i]) * len(c)
         loss.backward()
-        named = dict(model.named_parameters())
-        assert set(named) == set(theirs.gradient), sorted(set(named) ^ set(theirs.gradient))
-        diff = max(float((p.grad.double() - theirs.gradient[n]).abs().max()) for n, p in named.items())
-        scale = max(float(g.abs().max()) for g in theirs.gradient.values())
+        assert set(dict(model.named_parameters())) == set(theirs.gradient)
+        relative = relative_gradient_difference(model, theirs.gradient)
         ran = theirs.stats["micro_batches_run"]
-        out[f"independent_{mode}_x{micro}"] = [diff / scale, abs(value - theirs.loss), ran]
+        out[f"independent_{mode}_x{micro}"] = [relative, abs(value - theirs.loss), ran]
 print("RESULT" + json.dumps(out))
 """
 

@@ -46,6 +46,8 @@ CHECK = """
 import json
 from ppo_ref.adapters.step import example_batch, gradient_difference
 from ppo_ref.adapters.thirdparty.verl_step import VerlStep
+from step_formula import (group_advantages, ratio_one_surrogate, refusals,
+                           relative_gradient_difference, tiny_model)
 batch = example_batch(budget=6, prompt_length=9)
 out = {}
 fixed = VerlStep(loss_scale_factor=batch.budget)  # verl's documented remedy: a constant normaliser
@@ -57,13 +59,8 @@ default = VerlStep().run(batch, loss_mode="seq-mean-token-sum-norm")
 diff, scale = gradient_difference(plain, default)
 out["constant_equals_default_at_budget_width"] = diff / scale
 out["sgd_step"] = VerlStep().run(batch, loss_mode="token-mean").stats["micro_batches_run"]
-errors = []
-for kwargs in ({"loss_mode": "bnpo"}, {"loss_mode": "token-mean", "micro_batches": 3}):
-    try:
-        VerlStep().run(batch, **kwargs)
-    except ValueError as error:
-        errors.append(str(error).split(":")[0])
-out["errors"] = errors
+out["errors"] = refusals(VerlStep().run, batch,
+                         ({"loss_mode": "bnpo"}, {"loss_mode": "token-mean", "micro_batches": 3}))
 # STEP-5's rewards come from the reward path verl's trainer uses, never from the legacy manager
 import verl.experimental.reward_loop.reward_manager.dapo as loop_dapo
 import verl.workers.reward_manager.dapo as legacy_dapo
@@ -83,27 +80,16 @@ out["reward_loop_lengths"] = list(calls)  # this run only
 out["shaped_rewards"] = [round(x, 6) for x in shaped.outputs["rewards"].tolist()]
 out["plain_rows"] = list(treated_as_truncated(batch, shaped.outputs))
 out["declared_problems"] = truncation_problems(batch, shaped, None, probe.truncation_convention)
-import torch
-from transformers import Qwen2ForCausalLM
+# the formula, computed independently on the same model (tests/env_helpers/step_formula.py)
 runner = VerlStep()
-model = Qwen2ForCausalLM.from_pretrained(runner._model_path(batch.vocab_size), attn_implementation="eager")
-scores = torch.tensor(batch.scores).view(-1, batch.group_size)
-adv = ((scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)).flatten()
-tokens = sum(len(c) for c in batch.completions)
+model = tiny_model(runner, batch)
+adv = group_advantages(batch, 1e-6)
 for mode in ("token-mean", "seq-mean-token-mean"):
     verl = runner.run(batch, loss_mode=mode)
     model.zero_grad()
-    loss = 0.0
-    for i, c in enumerate(batch.completions):
-        ids = torch.tensor([list(batch.prompt_ids[i // batch.group_size]) + list(c)])
-        logits = model(ids).logits[0, len(batch.prompt_ids[0]) - 1 : -1]
-        logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c).view(-1, 1)).squeeze(-1)
-        terms = adv[i] * logp
-        share = terms.sum() / tokens if mode == "token-mean" else terms.mean() / batch.size
-        loss = loss - share
+    loss, _ = ratio_one_surrogate(model, batch, adv, range(batch.size), mode == "token-mean")
     loss.backward()
-    diff = max(float((p.grad.double() - verl.gradient[n]).abs().max()) for n, p in model.named_parameters())
-    out["independent_" + mode] = diff / max(float(g.abs().max()) for g in verl.gradient.values())
+    out["independent_" + mode] = relative_gradient_difference(model, verl.gradient)
 print("RESULT" + json.dumps(out))
 """
 

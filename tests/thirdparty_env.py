@@ -162,13 +162,15 @@ def run_step_check(name: str, script: str, timeout: float = 900) -> dict[str, An
     """The measurements a step test's check script prints as JSON on its ``RESULT`` line, run by
     ``.envs/NAME``'s Python in the checkout under :data:`STEP_ENVIRONMENT` (skips or fails where the
     environment is missing, as :func:`thirdparty_python`); fails with the output's tail where no such
-    line comes."""
+    line comes. The script imports :mod:`step_formula` (``tests/env_helpers``, put on its path)."""
+    helpers = str(REPO / "tests" / "env_helpers")
+    path = os.pathsep.join(p for p in (helpers, STEP_ENVIRONMENT.get("PYTHONPATH", "")) if p)
     done = subprocess.run(
         [str(thirdparty_python(name)), "-c", script],
         cwd=REPO,
         capture_output=True,
         text=True,
-        env=dict(STEP_ENVIRONMENT),
+        env={**STEP_ENVIRONMENT, "PYTHONPATH": path},
         timeout=timeout,
     )
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT")), None)

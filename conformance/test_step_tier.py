@@ -22,7 +22,6 @@ the whole batch in one step; a runner declaring ``accumulation_not_provided`` ge
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 
@@ -33,12 +32,12 @@ from ppo_ref.adapters.step import (
     SUITE_BUDGET,
     SUITE_PROMPT_LENGTH,
     StepBatch,
+    StepMove,
     StepResult,
     StepRunner,
     accumulation_not_provided,
     accumulation_setting,
     example_batch,
-    gradient_difference,
     step_problems,
     step_runner,
     treated_as_truncated,
@@ -91,37 +90,6 @@ def _run(
     return _RESULTS[key]
 
 
-@dataclass(frozen=True)
-class _Moved:
-    """How far a variant's step moved from the whole-batch step: the gradient's largest difference,
-    the reference's largest entry, their ratio, and the loss difference."""
-
-    diff: float
-    scale: float
-    relative: float
-    loss_diff: float
-    base_loss: float
-
-    @staticmethod
-    def between(base: StepResult, other: StepResult) -> _Moved:
-        diff, scale = gradient_difference(base, other)
-        return _Moved(diff, scale, diff / max(scale, 1e-30), abs(base.loss - other.loss), base.loss)
-
-    @property
-    def beyond_tolerance(self) -> bool:
-        """The gradient beyond RELATIVE_TOLERANCE of its largest entry, or the loss beyond the same
-        fraction of ``max(|loss|, 1)``."""
-        return self.relative > RELATIVE_TOLERANCE or self.loss_diff > RELATIVE_TOLERANCE * max(
-            abs(self.base_loss), 1.0
-        )
-
-    @property
-    def measure(self) -> str:
-        return (
-            f"|dgrad| {self.diff:.3g} of {self.scale:.3g} ({self.relative:.2e}), |dloss| {self.loss_diff:.3g}"
-        )
-
-
 def _compare(
     runner: StepRunner,
     batch: StepBatch,
@@ -135,7 +103,7 @@ def _compare(
     for mode in runner.loss_modes:
         base = _run(runner, batch, mode)
         other = _run(runner, batch, mode, **variant)
-        moved = _Moved.between(base, other)
+        moved = StepMove.between(base, other)
         record("step_measure", f"{runner.name} {mode} {label}: {moved.measure}")
         if moved.beyond_tolerance:
             failures.append(
@@ -281,7 +249,7 @@ def test_step6_accumulation_steps_give_the_whole_batch_step(
         else:
             other = accumulate(batch, loss_mode=mode, accumulation_steps=k)
         steps = other.stats.get("optimizer_steps")
-        moved = _Moved.between(base, other)
+        moved = StepMove.between(base, other)
         record_property(
             "step_measure",
             f"{runner.name} {mode} {k} accumulation steps: {moved.measure}, optimizer steps {steps}",

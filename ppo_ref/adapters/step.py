@@ -34,6 +34,7 @@ Example (ppo-ref's own trainer)::
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -63,6 +64,7 @@ __all__ = [
     "SUITE_PROMPT_LENGTH",
     "LengthPenalty",
     "StepBatch",
+    "StepMove",
     "StepResult",
     "StepRunner",
     "accumulation_not_provided",
@@ -219,6 +221,44 @@ def gradient_difference(first: StepResult, second: StepResult) -> tuple[float, f
     diff = max(float((first.gradient[k] - second.gradient[k]).abs().max()) for k in first.gradient)
     scale = max(float(g.abs().max()) for g in first.gradient.values())
     return diff, scale
+
+
+@dataclass(frozen=True)
+class StepMove:
+    """How far a variant's step moved from the base step (STEP-2/3/4/6, the suite's and ``ppo-ref
+    step-check``'s one measure): the gradient's largest difference, the base's largest entry, their
+    ratio, and the loss difference.
+
+    Example: gradients ``{"w": [1.0, -2.0]}`` and ``{"w": [1.0, -2.5]}``, losses 0.5 and 0.5: diff
+    0.5, scale 2.0, relative 0.25, beyond the tolerance.
+    """
+
+    diff: float
+    scale: float
+    relative: float
+    loss_diff: float
+    base_loss: float
+
+    @staticmethod
+    def between(base: StepResult, other: StepResult) -> StepMove:
+        """The move from ``base`` to ``other`` (ValueError as :func:`gradient_difference`)."""
+        diff, scale = gradient_difference(base, other)
+        return StepMove(diff, scale, diff / max(scale, 1e-30), abs(base.loss - other.loss), base.loss)
+
+    @property
+    def beyond_tolerance(self) -> bool:
+        """The gradient beyond :data:`RELATIVE_TOLERANCE` of its largest entry, or the loss beyond
+        the same fraction of ``max(|loss|, 1)``."""
+        return self.relative > RELATIVE_TOLERANCE or self.loss_diff > RELATIVE_TOLERANCE * max(
+            abs(self.base_loss), 1.0
+        )
+
+    @property
+    def measure(self) -> str:
+        """The move in one line, as the suite records it."""
+        return (
+            f"|dgrad| {self.diff:.3g} of {self.scale:.3g} ({self.relative:.2e}), |dloss| {self.loss_diff:.3g}"
+        )
 
 
 def treated_as_truncated(

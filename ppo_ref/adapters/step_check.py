@@ -34,14 +34,13 @@ from typing import Any
 
 from ppo_ref.adapters.step import (
     RATIO_TOLERANCE,
-    RELATIVE_TOLERANCE,
     SUITE_BUDGET,
     SUITE_PROMPT_LENGTH,
     StepBatch,
+    StepMove,
     StepResult,
     StepRunner,
     example_batch,
-    gradient_difference,
     truncation_convention,
     truncation_problems,
 )
@@ -231,16 +230,9 @@ def _verl(
     return runner, header, {"loss_agg_mode": mode, **applied}, notes, accumulation
 
 
-def _relative(first: StepResult, second: StepResult) -> tuple[float, float]:
-    diff, scale = gradient_difference(first, second)
-    return diff / max(scale, 1e-30), abs(first.loss - second.loss)
-
-
 def _moves(base: StepResult, other: StepResult) -> tuple[bool, float]:
-    relative, loss_diff = _relative(base, other)
-    return relative > RELATIVE_TOLERANCE or loss_diff > RELATIVE_TOLERANCE * max(
-        abs(base.loss), 1.0
-    ), relative
+    move = StepMove.between(base, other)
+    return move.beyond_tolerance, move.relative
 
 
 def _clauses(

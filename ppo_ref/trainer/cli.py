@@ -387,7 +387,7 @@ def _train(args: argparse.Namespace) -> int:
         trainer.accelerator.end_training()
     if trainer.parallel.world_size > 1:
         # still holding the trainer: the process ends without tearing its group down (a gloo hang or
-        # SIGABRT at exit otherwise; exit_launched_process says why)
+        # SIGABRT at exit otherwise; exit_launched_process says why; its end_training is a no-op now)
         from ppo_ref.trainer.distributed import exit_launched_process
 
         exit_launched_process(trainer.accelerator, status)

@@ -31,12 +31,12 @@ README = ROOT / "docs" / "benchmarks.md"
 """The page that holds the benchmark figures (README.md held them before it became a front page)."""
 MANIFEST = "manifest.json"
 
-MEASUREMENTS = ("trainer", "grpo", "primitives", "memory", "conformance", "family", "threads")
+MEASUREMENTS = ("trainer", "grpo", "primitives", "memory", "conformance", "family", "threads", "sampler")
 """The manifest's ``sections`` keys: each measurement and the JSON files it wrote."""
 RUN_MEASUREMENTS = MEASUREMENTS[:5]
-"""Those of a ``tools/run_bench.py`` run JSON (under their own key); family and threads have files
-of their own."""
-OPTIONAL_FILES = ("threads",)
+"""Those of a ``tools/run_bench.py`` run JSON (under their own key); family, threads and sampler have
+files of their own."""
+OPTIONAL_FILES = ("threads", "sampler")
 """Measurements whose file may be missing (the section then says it was not measured yet)."""
 SECTIONS: dict[str, tuple[str, ...]] = {
     "targets": ("trainer", "primitives", "memory"),
@@ -50,6 +50,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "method": ("trainer", "primitives", "memory"),
     "family": ("family",),
     "threads": ("threads",),
+    "sampler": ("sampler", "trainer"),
     "readme": ("grpo",),
 }
 """Note headings (the sections of RESULTS.md, and ``readme``) and the measurements each shows."""
@@ -128,7 +129,8 @@ class Data:
 
 def provenance(name: str, data: dict[str, Any]) -> Provenance:
     """The command, date and commit recorded in one results file (a ``tools/run_bench.py`` run, a
-    ``bench/family_side.py`` report or a ``bench/thread_policy.py`` measurement)."""
+    ``bench/family_side.py`` report, or a ``bench/thread_policy.py`` or ``bench/sampler_compare.py``
+    measurement)."""
     if "machine" in data and isinstance(data["machine"], dict):
         machine = data["machine"]
         return Provenance(
@@ -139,9 +141,11 @@ def provenance(name: str, data: dict[str, Any]) -> Provenance:
         return Provenance(
             name, "python bench/family_side.py --compare", data["when"], commit.split()[0], " + " in commit
         )
-    if "times" in data and "started_utc" in data:
+    if "started_utc" in data and "command" in data and "commit" in data:
         return Provenance(name, data["command"], f"{data['started_utc']} UTC", str(data["commit"]), False)
-    raise ValueError(f"bench/results/{name}: not a run_bench, family_side or thread_policy results file")
+    raise ValueError(
+        f"bench/results/{name}: not a run_bench, family_side, thread_policy or sampler_compare results file"
+    )
 
 
 def _same_commit(a: str, b: str) -> bool:
@@ -418,6 +422,8 @@ def render(data: Data, notes: list[Note], *, require_one_commit: bool = False) -
         section("family", [*text.rstrip("\n").split("\n"), ""], own_provenance=True, bullet_notes=True)
     if "threads" in data.sources:
         section("threads", report.thread_policy_lines(data.first("threads")))
+    if "sampler" in data.sources:
+        section("sampler", report.sampler_lines(data.first("sampler"), trainer))
     if orphans:  # never dropped: a note whose section has no data here is listed at the end
         lines += ["## Notes about sections without data in this file", ""]
         for note in orphans:

@@ -5,8 +5,8 @@ it (``bench/results/*.json``); :mod:`bench.results_document` puts them together 
 This module renders the sections about a run as a whole (its setting, the targets of issue 6, the
 conformance timing, how it is measured) and re-exports the others, so it is the one place the
 document takes every section from: the trainer (:mod:`bench.results_trainer`), the primitives and
-memory (:mod:`bench.results_primitives`), GRPO (:mod:`bench.results_grpo`) and the thread policy
-(:mod:`bench.results_threads`)."""
+memory (:mod:`bench.results_primitives`), GRPO (:mod:`bench.results_grpo`), the thread policy
+(:mod:`bench.results_threads`) and the sampler modes (:mod:`bench.results_sampler`)."""
 
 from __future__ import annotations
 
@@ -23,12 +23,14 @@ from bench.results_grpo import (
     grpo_summary,
 )
 from bench.results_primitives import adapter_versions, memory_lines, primitive_table, primitives_lines
+from bench.results_sampler import SAMPLER_TARGETS, sampler_lines
 from bench.results_threads import THREAD_ROLES, THREAD_TARGETS, thread_policy_lines
 from bench.results_trainer import overhead_lines, profile_lines, summary_line, trainer_lines, trainer_summary
 
 __all__ = [
     "GRPO_TARGET",
     "LARGE_GROUPS",
+    "SAMPLER_TARGETS",
     "TARGETS",
     "THREAD_ROLES",
     "THREAD_TARGETS",
@@ -44,6 +46,7 @@ __all__ = [
     "primitive_table",
     "primitives_lines",
     "profile_lines",
+    "sampler_lines",
     "setting_lines",
     "summary_line",
     "targets_lines",

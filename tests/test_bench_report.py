@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -239,3 +240,108 @@ def test_thread_policy_section_without_its_json(tmp_path: Path) -> None:
     document.write_manifest(tmp_path, {"threads": ["thread-policy.json"]}, header=None)
     text = document.render(document.load(tmp_path), [])
     assert "Not measured yet: `python bench/thread_policy.py`" in text
+
+
+def _sampler_beta(beta: float) -> dict[str, Any]:
+    from bench import sampler_compare
+
+    rounds = [
+        {
+            "loadavg_1min": load,
+            "dynamic": [0.080, 0.084],
+            "static-compiled": [0.060, 0.062],
+            "trl": [0.093, 0.095] if load < 1 else [0.092, 0.094],
+            "decode": {"generate": 0.060, "dynamic": 0.050, "static": 0.051, "static-compiled": decode},
+        }
+        for load, decode in ((0.5, 0.033), (1.5, 0.035))
+    ]
+    for record in rounds:
+        record["trl_over_static_compiled"] = statistics.median(record["trl"]) / 0.061
+        record["trl_over_dynamic"] = statistics.median(record["trl"]) / 0.082
+    compiled = {"stage_seconds_median": {"seconds_forward": 0.0, "seconds_update": 0.027}}
+    return {
+        "beta": beta,
+        "rounds": rounds,
+        "median_ratios": {
+            k: statistics.median(r[k] for r in rounds)
+            for k in ("trl_over_static_compiled", "trl_over_dynamic")
+        },
+        "ready": {
+            "dynamic": {"peak_rss_bytes": 400 * 2**20, "build_seconds": 2.0},
+            "static-compiled": {"peak_rss_bytes": 500 * 2**20, "build_seconds": 64.0},
+            "trl": {"peak_rss_bytes": 550 * 2**20},
+            "decode": {
+                "first_call_seconds": {"static-compiled": 60.034},
+                "same_tokens_as_dynamic": {"dynamic": True, "static": True, "static-compiled": True},
+            },
+        },
+        "floor": sampler_compare._floor(rounds, compiled),
+    }
+
+
+def _smollm2_run(generate: float) -> dict[str, Any]:
+    iteration = {"seconds_generate": generate, "seconds_forward": 4.4, "seconds_update": 21.9}
+    iterations = [{**iteration, "seconds_iteration": sum(iteration.values()) + 0.3} for _ in range(3)]
+    iterations[0] = {**iterations[0], "seconds_iteration": 80.0}
+    return {
+        "command": "ppo-ref train --task smollm2-sentiment --iterations 3 --sampler dynamic",
+        "wall_seconds": 200.0,
+        "peak_rss_bytes": 2400 * 2**20,
+        "iterations": iterations,
+    }
+
+
+def test_sampler_floor_is_the_compiled_decode_and_the_trainers_stages() -> None:
+    floor = _sampler_beta(0.0)["floor"]
+    assert floor["decode_seconds"] == pytest.approx(0.034)  # median of the rounds' compiled decodes
+    assert floor["seconds"] == pytest.approx(0.034 + 0.0 + 0.027)
+    assert floor["trl_seconds"] == pytest.approx(0.0935)  # median of every TRL iteration
+    assert floor["trl_over_floor"] == pytest.approx(0.0935 / 0.061)
+
+
+def test_sampler_section_from_its_json(tmp_path: Path) -> None:
+    results = _one_run(tmp_path)
+    data = {
+        "command": "python bench/sampler_compare.py",
+        "started_utc": "2026-12-07 20:00",
+        "commit": "abcdef1",
+        "cpu": "Intel Xeon",
+        "cores": 2,
+        "settings": {"rounds": 2, "block": 2, "warmup": 2, "threads": 2},
+        "loadavg": [[0.4, 0.3, 0.2], [1.0, 0.5, 0.3], [1.2, 0.6, 0.4], [1.1, 0.8, 0.5]],
+        "betas": [_sampler_beta(0.0), _sampler_beta(0.04)],
+        "smollm2": {"dynamic": _smollm2_run(4.0), "static-compiled": _smollm2_run(2.0)},
+    }
+    (results / "sampler.json").write_text(json.dumps(data))
+    document.write_manifest(results, {"sampler": ["sampler.json"]}, header=None)
+    text = document.render(document.load(results), [])
+    section = text[text.index("## Sampler modes") :]
+    assert "`bench/results/sampler.json`" not in section  # a tmp results dir is named as it is
+    assert "from `python bench/sampler_compare.py` on 2026-12-07 20:00 UTC at commit abcdef1" in section
+    assert "| beta = 0 | beta = 0.04 |" in section
+    assert (
+        "| decode s: `model.generate`; `dynamic`; `static`; `static-compiled` | 0.060; 0.050; 0.051; 0.034 |"
+        in section
+    )
+    ratio = statistics.median([0.094 / 0.061, 0.093 / 0.061])
+    assert f"| **{ratio:.2f}x** (met) |" in section
+    assert "| 0.061 = 0.034 + 0.000 + 0.027 |" in section
+    assert "| 60 |" in section  # compile: the first compiled call minus a steady one
+    assert "| 400 MiB; 500 MiB; 550 MiB (met) |" in section
+    # The PPO floor comes from the trainer section's data in the same file.
+    trainer = document.load(results).first("trainer")
+    assert trainer is not None
+    stages = document.report.trainer_summary(trainer["trainer"])["stages"]
+    rest = stages["seconds_forward"] + stages["seconds_update"]
+    assert f"= {rest:.3f} s" in section
+    # SmolLM2: the steady iterations (the first, which compiles, apart), and the halving target.
+    assert "| first iteration, s | 80.0 | 80.0 |" in section
+    assert "| of which generation | 4.0 | 2.0 |" in section
+    assert "takes 28.6 s, 0.93x of `dynamic`'s 30.6 s (**missed**)" in section
+    assert "Its forwards and update alone take 26.3 s, above the target" in section
+
+
+def test_sampler_section_without_its_json(tmp_path: Path) -> None:
+    document.write_manifest(tmp_path, {"sampler": ["sampler.json"]}, header=None)
+    text = document.render(document.load(tmp_path), [])
+    assert "Not measured yet: `python bench/sampler_compare.py` writes `bench/results/sampler.json`" in text

@@ -23,9 +23,12 @@ In one run, in this order:
    with ``--malloc-keep``);
 6. the conformance suite's wall time against ``mine``;
 7. the ``ppo-ref`` command's thread policy, idle and beside a two-thread job
-   (``bench/thread_policy.py``).
+   (``bench/thread_policy.py``);
+8. the sampler modes: the compiled decode against ``model.generate``, the GRPO iteration with it
+   against TRL 1.16, and the SmolLM2-135M preset's iteration (``bench/sampler_compare.py``).
 
-Writes the raw JSON (``run.json``, the primitives', ``family*.json``, ``thread-policy.json``) and
+Writes the raw JSON (``run.json``, the primitives', ``family*.json``, ``thread-policy.json``,
+``sampler.json``) and
 ``manifest.json`` (which files each section reads) to ``--results-dir`` (``bench/results``), then
 ``bench/RESULTS.md`` whole and docs/benchmarks.md's benchmark figures (:mod:`bench.results_document`, with the
 hand-written notes of ``bench/RESULTS-notes.md``); commits nothing. A run of every part whose data
@@ -60,9 +63,10 @@ from bench import results_document as document  # noqa: E402
 from bench import trainer_rounds  # noqa: E402
 
 RESULTS = document.RESULTS_DIR
-PARTS = ("trainer", "grpo", "primitives", "memory", "conformance", "family", "threads")
+PARTS = ("trainer", "grpo", "primitives", "memory", "conformance", "family", "threads", "sampler")
 RUN_PARTS = PARTS[:5]
-"""The parts measured in this process (into run.json); family and threads run their own scripts."""
+"""The parts measured in this process (into run.json); family, threads and sampler run their own
+scripts."""
 FAMILY_RUNS: tuple[tuple[str, list[str]], ...] = (
     ("family.json", []),
     ("family-repeat.json", []),
@@ -299,6 +303,22 @@ def run_threads(args: argparse.Namespace, results: Path) -> dict[str, Any]:
     return {"files": [out.name], "wall_seconds": time.perf_counter() - started}
 
 
+def run_sampler(args: argparse.Namespace, results: Path) -> dict[str, Any]:
+    """``bench/sampler_compare.py``: both betas' rounds, then the SmolLM2-135M runs (with ``--quick``
+    one round of one iteration each, no SmolLM2)."""
+    started = time.perf_counter()
+    out = results / "sampler.json"
+    command = [str(main_python()), "bench/sampler_compare.py", "--out", str(out)]
+    command += ["--omp-wait-policy", args.omp_wait_policy]
+    if args.quick:
+        command += ["--rounds", "1", "--block", "1", "--warmup", "1", "--no-smollm2"]
+    done = subprocess.run(command, cwd=ROOT, env=child_env("", args.threads), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"sampler comparison exited {done.returncode}: {done.stderr[-2000:]}")
+    log(f"sampler modes: {out} ({time.perf_counter() - started:.0f} s)\n{done.stdout.strip()}")
+    return {"files": [out.name], "wall_seconds": time.perf_counter() - started}
+
+
 def git_commit() -> str | None:
     done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return done.stdout.strip() or None
@@ -447,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     if "threads" in parts:
         run["thread_policy"] = run_threads(args, results)
         run["loadavg_after_threads"] = os.getloadavg()
+    if "sampler" in parts:
+        run["sampler"] = run_sampler(args, results)
+        run["loadavg_after_sampler"] = os.getloadavg()
     run["loadavg_end"] = os.getloadavg()
     run["wall_seconds"] = time.perf_counter() - started
     run["machine"]["git_commit_end"] = git_commit()
@@ -455,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
     sections: dict[str, list[str]] = {part: [name] for part in ran_here}
     if ran_here or whole:
         (results / name).write_text(json.dumps(run, indent=1) + "\n")
-    for part, key in (("family", "family"), ("threads", "thread_policy")):
+    for part, key in (("family", "family"), ("threads", "thread_policy"), ("sampler", "sampler")):
         if key in run:
             sections[part] = run[key]["files"]
     moved = run["machine"]["git_commit_end"] != run["machine"]["git_commit"]

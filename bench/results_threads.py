@@ -29,6 +29,11 @@ def _policy_flags(policy: str) -> str:
     return ", ".join(parts) or "none"
 
 
+def _bound(cell: str, lower: bool, stopped: int) -> str:
+    """A median cell, marked a lower bound with its count of stopped runs where any was stopped."""
+    return f">= {cell} ({stopped} stopped)" if lower else cell
+
+
 def thread_policy_lines(data: dict[str, Any] | None) -> list[str]:
     """The ``ppo-ref`` command's default run under each thread policy, idle and beside a two-thread
     CPU-bound job (``bench/thread_policy.py``'s JSON; a placeholder without it)."""
@@ -56,7 +61,15 @@ def thread_policy_lines(data: dict[str, Any] | None) -> list[str]:
         "(another process multiplying 512x512 float32 matrices on two torch threads with OpenMP's "
         f"spinning wait), in {rounds} interleaved round{'s' if rounds != 1 else ''}; medians over the "
         f"rounds. {data['cpu']}, {data['cores']} cores; load average (1 min) at the start {loads[0]:.1f}, "
-        "after each round " + ", ".join(f"{x:.1f}" for x in loads[1:]) + "."
+        "after each round "
+        + ", ".join(f"{x:.1f}" for x in loads[1:])
+        + "."
+        + (
+            f" A run still going after {data['limit']:g} s was stopped and counted at that limit: a cell "
+            "marked >= holds a lower bound (stopped runs in brackets)."
+            if "limit" in data
+            else ""
+        )
     )
     add("")
     add(
@@ -64,17 +77,30 @@ def thread_policy_lines(data: dict[str, Any] | None) -> list[str]:
         "| idle / two-spinning idle |"
     )
     add("|---|---|---|---|---|---|")
+    base_stopped = summary.get("two-spinning", {}).get("idle_stopped", 0)
     for policy, row in summary.items():
         role = THREAD_ROLES.get(policy)
+        idle_low, loaded_low = row["idle_stopped"] > 0, row["loaded_stopped"] > 0
+        idle = _bound(f"{row['idle_s']:.1f}", idle_low, row["idle_stopped"])
+        loaded = _bound(f"{row['loaded_s']:.1f}", loaded_low, row["loaded_stopped"])
+        ratio = f"{row['loaded_over_idle']:.2f}x"
+        ratio = (
+            ratio if not (loaded_low or idle_low) else (f">= {ratio}" if not idle_low else f"{ratio} (n/a)")
+        )
+        versus = f"{row['idle_over_two_spinning_idle']:.2f}x"
+        versus = versus if not (idle_low or base_stopped) else f"{versus} (n/a)"
         add(
-            f"| `{policy}`{f' ({role})' if role else ''} | {_policy_flags(policy)} | {row['idle_s']:.1f} | "
-            f"{row['loaded_s']:.1f} | {row['loaded_over_idle']:.2f}x | "
-            f"{row['idle_over_two_spinning_idle']:.2f}x |"
+            f"| `{policy}`{f' ({role})' if role else ''} | {_policy_flags(policy)} | {idle} | {loaded} | "
+            f"{ratio} | {versus} |"
         )
     add("")
     if "default" in summary:
         mine = summary["default"]
         loaded, idle = mine["loaded_over_idle"], mine["idle_over_two_spinning_idle"]
+        if mine["idle_stopped"] or mine["loaded_stopped"] or summary["two-spinning"]["idle_stopped"]:
+            add("Targets (issue 24) for `default`: not judged, a run it rests on was stopped at the limit.")
+            add("")
+            return lines
         add(
             f"Targets (issue 24) for `default`: beside the job within "
             f"{THREAD_TARGETS['loaded_over_idle']:.0f}x of idle: {loaded:.2f}x "

@@ -20,8 +20,20 @@ def test_summary_ratios() -> None:
         "loaded_s": 15.0,
         "loaded_over_idle": 15.0 / 11.0,
         "idle_over_two_spinning_idle": 1.1,
+        "idle_stopped": 0,
+        "loaded_stopped": 0,
     }
     assert summary["two-spinning"]["loaded_over_idle"] == 3.5
+    stopped = {p: {"idle": [False, False], "loaded": [False, p == "two-spinning"]} for p in times}
+    counted = thread_policy.summarise({"times": times, "stopped": stopped})
+    assert counted["two-spinning"]["loaded_stopped"] == 1 and counted["default"]["loaded_stopped"] == 0
+
+
+def test_a_run_past_the_limit_is_stopped_and_counted_at_it() -> None:
+    seconds, score = thread_policy.run_once("default", quick=True, limit=0.5)  # far below a run's time
+    assert (seconds, score) == (0.5, None)
+    with pytest.raises(ValueError, match="limit"):
+        thread_policy.run_once("default", quick=True, limit=0)
 
 
 def test_rounds_must_be_positive() -> None:

@@ -236,6 +236,21 @@ def test_thread_policy_section_from_its_json(tmp_path: Path) -> None:
     assert "| `--threads 2`, `OMP_WAIT_POLICY=PASSIVE` |" in text
 
 
+def test_thread_policy_section_marks_stopped_runs_as_lower_bounds(tmp_path: Path) -> None:
+    data = _thread_data()
+    data["limit"] = 75.0
+    data["times"]["two-spinning"]["loaded"] = [75.0, 75.0]
+    data["stopped"] = {
+        p: {"idle": [False, False], "loaded": [p == "two-spinning"] * 2} for p in data["times"]
+    }
+    (tmp_path / "thread-policy.json").write_text(json.dumps(data))
+    document.write_manifest(tmp_path, {"threads": ["thread-policy.json"]}, header=None)
+    text = document.render(document.load(tmp_path), [])
+    assert "A run still going after 75 s was stopped and counted at that limit" in text
+    assert "| 24.0 | >= 75.0 (2 stopped) | >= 3.12x | 1.00x |" in text
+    assert "beside the job within 2x of idle: 1.68x (met)" in text  # default's own runs all finished
+
+
 def test_thread_policy_section_without_its_json(tmp_path: Path) -> None:
     document.write_manifest(tmp_path, {"threads": ["thread-policy.json"]}, header=None)
     text = document.render(document.load(tmp_path), [])

@@ -81,8 +81,8 @@ def thread_policy_lines(data: dict[str, Any] | None) -> list[str]:
     for policy, row in summary.items():
         role = THREAD_ROLES.get(policy)
         idle_low, loaded_low = row["idle_stopped"] > 0, row["loaded_stopped"] > 0
-        idle = _bound(f"{row['idle_s']:.1f}", idle_low, row["idle_stopped"])
-        loaded = _bound(f"{row['loaded_s']:.1f}", loaded_low, row["loaded_stopped"])
+        idle_cell = _bound(f"{row['idle_s']:.1f}", idle_low, int(row["idle_stopped"]))
+        loaded_cell = _bound(f"{row['loaded_s']:.1f}", loaded_low, int(row["loaded_stopped"]))
         ratio = f"{row['loaded_over_idle']:.2f}x"
         ratio = (
             ratio if not (loaded_low or idle_low) else (f">= {ratio}" if not idle_low else f"{ratio} (n/a)")
@@ -90,8 +90,8 @@ def thread_policy_lines(data: dict[str, Any] | None) -> list[str]:
         versus = f"{row['idle_over_two_spinning_idle']:.2f}x"
         versus = versus if not (idle_low or base_stopped) else f"{versus} (n/a)"
         add(
-            f"| `{policy}`{f' ({role})' if role else ''} | {_policy_flags(policy)} | {idle} | {loaded} | "
-            f"{ratio} | {versus} |"
+            f"| `{policy}`{f' ({role})' if role else ''} | {_policy_flags(policy)} | {idle_cell} | "
+            f"{loaded_cell} | {ratio} | {versus} |"
         )
     add("")
     if "default" in summary:

@@ -49,7 +49,7 @@ def test_every_note_appears_under_its_section(
     committed: tuple[document.Data, list[document.Note]], rendered: str
 ) -> None:
     _, notes = committed
-    assert {n.section for n in notes} >= {"targets", "grpo", "family", "readme"}
+    assert {n.section for n in notes} >= {"targets", "grpo", "family", "readme", "sampler"}
     headings = [i for i, line in enumerate(rendered.splitlines()) if line.startswith("## ")]
     lines = rendered.splitlines()
     titles = {
@@ -57,6 +57,7 @@ def test_every_note_appears_under_its_section(
         "grpo": "## Critic-free iteration",
         "family": "## PPO-family ops",
         "threads": "## The ppo-ref command's thread policy",
+        "sampler": "## Sampler modes",
     }
     for note in notes:
         if note.section == "readme":

@@ -19,26 +19,22 @@ both betas, the PPO iteration >= 2.0x TRL 1.12's, the SmolLM2-135M iteration at 
 today's (and peak memory <= TRL's)."""
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def sampler_summary(beta_run: dict[str, Any]) -> dict[str, Any]:
     """One beta's figures: medians of the iterations and decodes over its rounds, the per-round ratios,
     the compile cost, the peak RSS of each trainer and the floor."""
     rounds = beta_run["rounds"]
-    decode = {k: _median([r["decode"][k] for r in rounds]) for k in rounds[0]["decode"]}
+    decode = {k: statistics.median([r["decode"][k] for r in rounds]) for k in rounds[0]["decode"]}
     ready = beta_run["ready"]
     return {
         "beta": beta_run["beta"],
         "seconds": {
-            k: _median([x for r in rounds for x in r[k]]) for k in ("dynamic", "static-compiled", "trl")
+            k: statistics.median([x for r in rounds for x in r[k]])
+            for k in ("dynamic", "static-compiled", "trl")
         },
         "ratios": [r["trl_over_static_compiled"] for r in rounds],
         "ratio": beta_run["median_ratios"]["trl_over_static_compiled"],
         "ratio_dynamic": beta_run["median_ratios"]["trl_over_dynamic"],
         "decode": decode,
-        "loads": [r["loadavg_1min"] for r in rounds],
         "compile_seconds": ready["decode"]["first_call_seconds"]["static-compiled"]
         - decode["static-compiled"],
         "build_seconds": {k: ready[k]["build_seconds"] for k in ("dynamic", "static-compiled")},
@@ -75,13 +71,15 @@ def _smollm2_lines(runs: dict[str, Any]) -> list[str]:
         ("seconds_forward", "of which the no-grad forwards"),
         ("seconds_update", "of which the update"),
     ):
-        row(label, lambda m, key=key: f"{_median([it[key] for it in steady[m]]):.1f}")
+        row(label, lambda m, key=key: f"{statistics.median([it[key] for it in steady[m]]):.1f}")
     row("peak RSS", lambda m: mib(runs[m]["peak_rss_bytes"]))
     lines.append("")
     if "dynamic" in runs and "static-compiled" in runs:
-        before = _median([it["seconds_iteration"] for it in steady["dynamic"]])
-        after = _median([it["seconds_iteration"] for it in steady["static-compiled"]])
-        floor = _median([it["seconds_forward"] + it["seconds_update"] for it in steady["static-compiled"]])
+        before = statistics.median([it["seconds_iteration"] for it in steady["dynamic"]])
+        after = statistics.median([it["seconds_iteration"] for it in steady["static-compiled"]])
+        floor = statistics.median(
+            [it["seconds_forward"] + it["seconds_update"] for it in steady["static-compiled"]]
+        )
         target = SAMPLER_TARGETS["smollm2"] * before
         lines.append(
             f"Target (issue 26): the iteration halved, at most {target:.1f} s: `static-compiled` takes "
@@ -101,7 +99,7 @@ def _ppo_lines(trainer_run: dict[str, Any] | None) -> list[str]:
     if trainer_run is None or "trainer" not in trainer_run:
         return ["PPO against TRL 1.12: no trainer comparison in this file's data.", ""]
     t = trainer_summary(trainer_run["trainer"])
-    trl = _median(t["trl"])
+    trl = statistics.median(t["trl"])
     stages = t["stages"]
     rest = stages.get("seconds_forward", 0.0) + stages.get("seconds_update", 0.0)
     target = SAMPLER_TARGETS["ppo"]

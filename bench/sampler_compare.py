@@ -279,13 +279,6 @@ def _smollm2_run(sampler: str, iterations: int, eval_samples: int) -> dict[str, 
     }
 
 
-def _git_commit() -> str:
-    import subprocess
-
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return done.stdout.strip() or "unknown"
-
-
 def measure(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     """The whole measurement: each beta's rounds (:func:`_drive`), then the SmolLM2-135M runs (one
     fresh process per mode) unless ``--no-smollm2``."""
@@ -293,6 +286,9 @@ def measure(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     import subprocess
 
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "tools"))
+    import run_bench
+
     from bench import tiny_grpo as g
     from tests.trainer.golden_cpus import cpu_model
 
@@ -300,7 +296,7 @@ def measure(args: argparse.Namespace, argv: list[str]) -> dict[str, Any]:
     data: dict[str, Any] = {
         "command": " ".join(["python bench/sampler_compare.py", *argv]).strip(),
         "started_utc": started.strftime("%Y-%m-%d %H:%M"),
-        "commit": _git_commit(),
+        "commit": run_bench.git_commit() or "unknown",
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "settings": {"rounds": args.rounds, "block": args.block, "warmup": args.warmup, "threads": g.THREADS},

@@ -289,34 +289,35 @@ def run_family(args: argparse.Namespace, results: Path) -> dict[str, Any]:
     return {"files": files, "wall_seconds": time.perf_counter() - started}
 
 
+def _run_script(label: str, script: str, out: Path, extra: list[str], threads: int) -> dict[str, Any]:
+    """Run ``script`` (a benchmark that writes its own JSON to ``out``) in the main environment, each
+    worker choosing its own OpenMP policy; its output logged, its file named for the manifest."""
+    started = time.perf_counter()
+    command = [str(main_python()), script, *extra]
+    done = subprocess.run(command, cwd=ROOT, env=child_env("", threads), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{label} exited {done.returncode}: {done.stderr[-2000:]}")
+    log(f"{label}: {out} ({time.perf_counter() - started:.0f} s)\n{done.stdout.strip()}")
+    return {"files": [out.name], "wall_seconds": time.perf_counter() - started}
+
+
 def run_threads(args: argparse.Namespace, results: Path) -> dict[str, Any]:
     """``bench/thread_policy.py``: the ppo-ref command's default run under each thread policy, idle
     and beside a two-thread job (``--rounds 1 --quick`` with ``--quick``)."""
-    started = time.perf_counter()
     out = results / "thread-policy.json"
-    command = [str(main_python()), "bench/thread_policy.py", "--output", str(out)]
-    command += ["--rounds", "1", "--quick"] if args.quick else ["--rounds", str(args.thread_rounds)]
-    done = subprocess.run(command, cwd=ROOT, env=child_env("", args.threads), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"thread policy exited {done.returncode}: {done.stderr[-2000:]}")
-    log(f"thread policy: {out} ({time.perf_counter() - started:.0f} s)\n{done.stdout.strip()}")
-    return {"files": [out.name], "wall_seconds": time.perf_counter() - started}
+    extra = ["--output", str(out)]
+    extra += ["--rounds", "1", "--quick"] if args.quick else ["--rounds", str(args.thread_rounds)]
+    return _run_script("thread policy", "bench/thread_policy.py", out, extra, args.threads)
 
 
 def run_sampler(args: argparse.Namespace, results: Path) -> dict[str, Any]:
     """``bench/sampler_compare.py``: both betas' rounds, then the SmolLM2-135M runs (with ``--quick``
     one round of one iteration each, no SmolLM2)."""
-    started = time.perf_counter()
     out = results / "sampler.json"
-    command = [str(main_python()), "bench/sampler_compare.py", "--out", str(out)]
-    command += ["--omp-wait-policy", args.omp_wait_policy]
+    extra = ["--out", str(out), "--omp-wait-policy", args.omp_wait_policy]
     if args.quick:
-        command += ["--rounds", "1", "--block", "1", "--warmup", "1", "--no-smollm2"]
-    done = subprocess.run(command, cwd=ROOT, env=child_env("", args.threads), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"sampler comparison exited {done.returncode}: {done.stderr[-2000:]}")
-    log(f"sampler modes: {out} ({time.perf_counter() - started:.0f} s)\n{done.stdout.strip()}")
-    return {"files": [out.name], "wall_seconds": time.perf_counter() - started}
+        extra += ["--rounds", "1", "--block", "1", "--warmup", "1", "--no-smollm2"]
+    return _run_script("sampler modes", "bench/sampler_compare.py", out, extra, args.threads)
 
 
 def git_commit() -> str | None:

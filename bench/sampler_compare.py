@@ -38,6 +38,14 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("dynamic", "static", "static-compiled")
+_SCRATCH: list[tempfile.TemporaryDirectory[str]] = []
+
+
+def _scratch(prefix: str) -> str:
+    """A temporary directory removed when this process exits (a run's outputs, an inductor cache)."""
+    directory = tempfile.TemporaryDirectory(prefix=prefix)
+    _SCRATCH.append(directory)
+    return directory.name
 
 
 def _decode_worker() -> None:
@@ -95,7 +103,7 @@ def _trainer_worker(sampler: str, beta: float) -> None:
     from bench.ppo_ref_side import TrainStepper, info
     from bench.worker import reply
 
-    out = tempfile.mkdtemp(prefix=f"ppo-ref-sampler-{sampler}-")
+    out = _scratch(f"ppo-ref-sampler-{sampler}-")
     began = time.perf_counter()  # the build includes the initial evaluation, the compile's first call
     stepper = TrainStepper(make_grpo_trainer(out, beta, sampler=sampler))
     built = time.perf_counter() - began
@@ -130,7 +138,7 @@ def _drive(args: argparse.Namespace, beta: float) -> dict[str, Any]:
     tag = f"beta{beta:g}"
 
     def cold(name: str) -> dict[str, str]:  # an empty inductor cache each: compile time counted in full
-        return {**env, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix=f"ppo-ref-inductor-{name}-")}
+        return {**env, "TORCHINDUCTOR_CACHE_DIR": _scratch(f"ppo-ref-inductor-{name}-")}
 
     workers = {
         "dynamic": Worker(
@@ -259,23 +267,28 @@ def _smollm2_run(sampler: str, iterations: int, eval_samples: int) -> dict[str, 
     import resource
     import subprocess
 
-    out = tempfile.mkdtemp(prefix=f"ppo-ref-smollm2-{sampler}-")
-    command = smollm2_command(sampler, iterations, eval_samples, out)
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": tempfile.mkdtemp(prefix="ppo-ref-inductor-smollm2-")}
-    env.pop("OMP_WAIT_POLICY", None)  # the command's own thread policy, as a user's run has it
-    began = time.perf_counter()
-    done = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - began
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(command[1:])} exited {done.returncode}: {done.stderr[-2000:]}")
-    records = [json.loads(line) for line in Path(out, "metrics.jsonl").read_text().splitlines() if line]
+    # Both directories go when the run is read: its final checkpoint alone is about 3.6 GB.
+    with (
+        tempfile.TemporaryDirectory(prefix=f"ppo-ref-smollm2-{sampler}-") as out,
+        tempfile.TemporaryDirectory(prefix="ppo-ref-inductor-smollm2-") as cache,
+    ):
+        command = smollm2_command(sampler, iterations, eval_samples, out)
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
+        env.pop("OMP_WAIT_POLICY", None)  # the command's own thread policy, as a user's run has it
+        began = time.perf_counter()
+        done = subprocess.run(command, cwd=out, env=env, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - began
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command[1:])} exited {done.returncode}: {done.stderr[-2000:]}")
+        records = [json.loads(line) for line in Path(out, "metrics.jsonl").read_text().splitlines() if line]
+        summary = json.loads(Path(out, "summary.json").read_text())
     keys = ("seconds_iteration", "seconds_generate", "seconds_forward", "seconds_update")
     return {
         "command": "ppo-ref " + " ".join(command[1:-2]),
         "wall_seconds": wall,
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024,
         "iterations": [{k: r[k] for k in keys} for r in records],
-        "summary": json.loads(Path(out, "summary.json").read_text()),
+        "summary": summary,
     }
 
 

@@ -22,6 +22,7 @@ from ppo_ref import entropy
 from ppo_ref.trainer.data import SequenceBatch, position_ids_from_mask
 from ppo_ref.trainer.models import call_model, output_cache, supports_logits_to_keep
 from ppo_ref.trainer.static_sampler import SAMPLERS, draw_step, static_decode, static_supported
+from ppo_ref.trainer.truncation import kept_count, kept_in_sorted
 
 __all__ = [
     "SAMPLERS",
@@ -73,13 +74,18 @@ class Generated:
     ``logprobs`` (B, N) float64, the sampling distribution's log-probability of each sampled token
     (0 after EOS), only when ``generate(..., return_logprobs=True)``, else None; ``entropy`` (B, N)
     the entropy of ``softmax(logits / temperature)`` before each token (0 after EOS; float32, or
-    float64 for float64 logits), only when ``return_entropy=True``."""
+    float64 for float64 logits), only when ``return_entropy=True``; ``kept_counts`` (B, N) int64,
+    how many tokens top-k / top-p kept at each step (:func:`~ppo_ref.trainer.truncation.kept_count`;
+    1 after EOS: off the mask, a count any vocabulary admits), only with ``return_logprobs`` and a
+    truncation (``top_k > 0`` or ``top_p < 1``), so that a correction can weigh the old log-probs
+    on the same support (spec IS-3)."""
 
     response_ids: Tensor
     response_mask: Tensor
     ended: Tensor
     logprobs: Tensor | None = None
     entropy: Tensor | None = None
+    kept_counts: Tensor | None = None
 
 
 def sample_from_logits(
@@ -94,9 +100,7 @@ def sample_from_logits(
     probs = torch.softmax(wide / temperature, dim=-1).double()
     if top_k > 0 or top_p < 1.0:
         probs, order = probs.sort(dim=-1, descending=True)
-        keep = (probs.cumsum(dim=-1) - probs) < top_p
-        if top_k > 0:
-            keep[:, top_k:] = False
+        keep = kept_in_sorted(probs, top_k, top_p)
         probs = torch.where(keep, probs, torch.zeros((), dtype=probs.dtype, device=probs.device))
     else:
         order = None
@@ -120,9 +124,7 @@ def sampling_logprob(logits: Tensor, token: Tensor, temperature: float, top_k: i
     logq = torch.log_softmax(wide / temperature, dim=-1).double()
     if top_k > 0 or top_p < 1.0:
         probs, order = logq.exp().sort(dim=-1, descending=True)
-        keep_sorted = (probs.cumsum(dim=-1) - probs) < top_p
-        if top_k > 0:
-            keep_sorted[:, top_k:] = False
+        keep_sorted = kept_in_sorted(probs, top_k, top_p)
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
         kept_mass = torch.where(keep, logq.exp(), torch.zeros((), dtype=logq.dtype, device=logq.device))
         logq = torch.where(keep, logq - kept_mass.sum(dim=-1, keepdim=True).log(), -torch.inf)
@@ -209,7 +211,8 @@ def generate(
     calls (needed when parameters are sharded). Call it inside the autocast context wanted.
     ``return_logprobs`` also records each sampled token's log-probability under the sampling
     distribution (:func:`sampling_logprob`), the rollout log-probs of an importance correction
-    (or, when the sampler draws from the trained distribution itself, the old log-probs);
+    (or, when the sampler draws from the trained distribution itself, the old log-probs), and
+    under top-k / top-p each step's kept count (``Generated.kept_counts``);
     ``return_entropy`` the entropy of ``softmax(logits / temperature)`` at each step
     (``ppo_ref.entropy``, before top-k / top-p); both are computed once after the loop from the
     kept step logits, 0 after the first EOS. The loop runs under ``torch.inference_mode`` (the
@@ -254,15 +257,23 @@ def generate(
     # Outside inference mode: ordinary tensors, which later forwards with gradients may save.
     response_ids = torch.stack(tokens, dim=1)
     response_mask, ended = first_eos_mask(response_ids, eos_id)
-    sampled = spreads = None
+    sampled = spreads = kept = None
     if keep_logits:  # once for all steps: (B, N, V), the size of the forward's logits it replaces
         every = torch.stack(step_logits, dim=1)
         zero = torch.zeros((), device=every.device)
         if return_logprobs:
             flat = sampling_logprob(every.flatten(0, 1), response_ids.flatten(), temperature, top_k, top_p)
             sampled = torch.where(response_mask, flat.view(response_ids.shape), zero.double())
+            if top_k > 0 or top_p < 1.0:
+                counts = kept_count(every, temperature, top_k, top_p)
+                kept = torch.where(response_mask, counts, 1)
         if return_entropy:
             spreads = torch.where(response_mask, entropy(every / temperature), zero)
     return Generated(
-        response_ids=response_ids, response_mask=response_mask, ended=ended, logprobs=sampled, entropy=spreads
+        response_ids=response_ids,
+        response_mask=response_mask,
+        ended=ended,
+        logprobs=sampled,
+        entropy=spreads,
+        kept_counts=kept,
     )

@@ -27,6 +27,7 @@ from transformers import PreTrainedModel
 
 from ppo_ref import entropy, token_logprobs
 from ppo_ref.trainer.data import SequenceBatch
+from ppo_ref.trainer.truncation import support_logmass
 
 __all__ = [
     "ActorCritic",
@@ -197,12 +198,17 @@ class ResponseOutputs:
         values: (B, N) V(state before token t), or None if not asked for.
         bootstrap_values: (B,) V after the last response column, or None.
         entropy: (B, N) entropy of ``softmax(logits / temperature)`` before token t, or None.
+        kept_logmass: (B, N) ``log S``, the mass ``softmax(logits / temperature)`` puts on its
+            ``kept_counts`` most probable tokens before token t (the sampler's top-k / top-p set
+            replayed, :func:`~ppo_ref.trainer.truncation.support_logmass`), or None when no kept
+            counts were given.
     """
 
     logprobs: Tensor
     values: Tensor | None
     bootstrap_values: Tensor | None
     entropy: Tensor | None
+    kept_logmass: Tensor | None = None
 
 
 def _logprobs_and_logits(
@@ -273,6 +279,7 @@ class ActorCriticModule(nn.Module):
                 values=None if out.values is None else _not_a_view(out.values),
                 bootstrap_values=None if out.bootstrap_values is None else _not_a_view(out.bootstrap_values),
                 entropy=None if out.entropy is None else _not_a_view(out.entropy),
+                kept_logmass=None if out.kept_logmass is None else _not_a_view(out.kept_logmass),
             )
         raise ValueError(f"mode: expected 'policy' or 'outputs', got {mode!r}")
 
@@ -286,13 +293,18 @@ class ActorCriticModule(nn.Module):
         temperature: float,
         need_values: bool,
         need_entropy: bool,
+        kept_counts: Tensor | None = None,
     ) -> ResponseOutputs:
-        """Log-probs (and values, entropies) of the response tokens of a prompt + response batch."""
+        """Log-probs (and values, entropies, kept log-mass) of the response tokens of a prompt +
+        response batch."""
         sequences = SequenceBatch(input_ids, attention_mask, position_ids, prompt_width)
         shared_values = need_values and self.value_head is not None
         extra = {"output_hidden_states": True} if shared_values else {}
         logprobs, logits, output = _logprobs_and_logits(self.policy, sequences, temperature, **extra)
         entropies = entropy(logits[:, :-1] / temperature) if need_entropy else None
+        kept_logmass = None
+        if kept_counts is not None:
+            kept_logmass = support_logmass(logits[:, :-1], kept_counts, temperature).to(logprobs.dtype)
         all_values = None
         if shared_values:
             assert self.value_head is not None
@@ -314,6 +326,7 @@ class ActorCriticModule(nn.Module):
             values=None if all_values is None else all_values[:, :-1],
             bootstrap_values=None if all_values is None else all_values[:, -1],
             entropy=entropies,
+            kept_logmass=kept_logmass,
         )
 
 
@@ -401,8 +414,10 @@ class ActorCritic:
         *,
         need_values: bool = True,
         need_entropy: bool = False,
+        kept_counts: Tensor | None = None,
     ) -> ResponseOutputs:
-        """Log-probs (and values, entropies) of the response tokens: the same code for rollout and update."""
+        """Log-probs (and values, entropies) of the response tokens: the same code for rollout and
+        update; with ``kept_counts`` (B, N), the log-mass on each step's kept set too."""
         runner = self.train_runner if torch.is_grad_enabled() else self.inference_runner
         outputs: ResponseOutputs = runner(
             mode="outputs",
@@ -413,5 +428,6 @@ class ActorCritic:
             temperature=temperature,
             need_values=need_values,
             need_entropy=need_entropy,
+            kept_counts=kept_counts,
         )
         return outputs

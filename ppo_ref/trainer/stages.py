@@ -81,7 +81,7 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
     #    also records each sampled token's log-prob under the sampler's distribution, and so does
     #    a sampler whose log-probs are the old log-probs (see 4).
     from_sampler = config.old_logprobs_from_sampler and state.autocast_dtype is None
-    sequences, ended, responses, rollout_logprobs, sampler_entropy = _generate(
+    sequences, ended, responses, rollout_logprobs, sampler_entropy, kept_counts = _generate(
         state,
         prompt_ids,
         prompt_mask,
@@ -113,7 +113,9 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
         outputs = ResponseOutputs(rollout_logprobs.to(dtype), None, None, sampler_entropy.to(dtype))
         rollout_logprobs = None  # the old log-probs themselves, not a correction's rollout log-probs
     else:
-        outputs = _forward_no_grad(state, sequences, config.temperature, need_values=config.uses_critic)
+        outputs = _forward_no_grad(
+            state, sequences, config.temperature, need_values=config.uses_critic, kept_counts=kept_counts
+        )
     ref_logprobs = None
     if config.uses_reference_forward:
         ref_logprobs = _reference_logprobs(state, sequences, config.temperature)
@@ -134,9 +136,16 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
     reward_kl_coef = kl_coef if config.kl_in == "reward" and ref_logprobs is not None else 0.0
     reference = outputs.logprobs if ref_logprobs is None else ref_logprobs  # a zero KL when there is none
     rewards = token_rewards(scores, outputs.logprobs, reference, mask, reward_kl_coef, config.kl_estimator)
-    weights = None  # 5c. rollout correction: the old log-probs against the sampler's
+    # 5c. Rollout correction: the old log-probs against the sampler's. Under top-k / top-p the
+    #     sampler's are renormalised over the tokens it kept, so the old ones are too, over the
+    #     same number of most probable tokens (spec IS-3: the weights are 1 where the two policies
+    #     agree on that support, not the kept mass S); the old log-probs themselves stay full.
+    weights = None
     if rollout_logprobs is not None:
-        weights = correction_weights(config, outputs.logprobs, rollout_logprobs, mask)
+        on_support = outputs.logprobs
+        if outputs.kept_logmass is not None:
+            on_support = outputs.logprobs - outputs.kept_logmass
+        weights = correction_weights(config, on_support, rollout_logprobs, mask)
 
     local = Rollout(
         iteration=iteration,
@@ -227,10 +236,11 @@ def _generate(
     top: bool = True,
     with_logprobs: bool = False,
     with_entropy: bool = False,
-) -> tuple[SequenceBatch, Tensor, list[str], Tensor | None, Tensor | None]:
+) -> tuple[SequenceBatch, Tensor, list[str], Tensor | None, Tensor | None, Tensor | None]:
     """Stage 2 for a batch: ``(sequences, ended, response texts without EOS, sampler log-probs,
-    sampler entropies)``; the log-probs (B, N) only ``with_logprobs``, the entropies (B, N) only
-    ``with_entropy`` (else None)."""
+    sampler entropies, kept counts)``; the log-probs (B, N) only ``with_logprobs``, the entropies
+    (B, N) only ``with_entropy``, the kept counts (B, N) only ``with_logprobs`` under top-k / top-p
+    (else None)."""
     config = state.config
     uniforms = uniforms.to(state.device)
     # With several processes, each keeps sampling until every process's rows have ended.
@@ -267,7 +277,13 @@ def _generate(
     spread = None
     if with_entropy:
         spread = torch.cat([_pad_right(p.entropy, width, 0) for p in pieces if p.entropy is not None])
-    return sequences, ended, state.tokenizer.batch_decode(rows_without_eos), sampled, spread
+    kept = None
+    if pieces[0].kept_counts is not None:  # after EOS the whole vocabulary, as generate leaves it
+        vocabulary = int(pieces[0].kept_counts.max())
+        kept = torch.cat(
+            [_pad_right(p.kept_counts, width, vocabulary) for p in pieces if p.kept_counts is not None]
+        )
+    return sequences, ended, state.tokenizer.batch_decode(rows_without_eos), sampled, spread, kept
 
 
 @torch.no_grad()
@@ -278,12 +294,18 @@ def _forward_no_grad(
     *,
     need_values: bool,
     need_entropy: bool = True,
+    kept_counts: Tensor | None = None,
 ) -> ResponseOutputs:
-    """Stage 4 for the policy (and critic, entropies), in chunks of ``forward_batch_size`` rows."""
+    """Stage 4 for the policy (and critic, entropies; with ``kept_counts`` the log-mass on each
+    step's kept set), in chunks of ``forward_batch_size`` rows."""
     parts = state.in_chunks(
         sequences.input_ids.shape[0],
         lambda rows: state.actor_critic.response_outputs(
-            sequences.rows(rows), temperature, need_values=need_values, need_entropy=need_entropy
+            sequences.rows(rows),
+            temperature,
+            need_values=need_values,
+            need_entropy=need_entropy,
+            kept_counts=None if kept_counts is None else kept_counts[rows],
         ),
     )
     values = [p.values for p in parts]
@@ -294,6 +316,7 @@ def _forward_no_grad(
         values=torch.cat(values) if all(v is not None for v in values) else None,  # type: ignore[arg-type]
         bootstrap_values=torch.cat(boots) if all(b is not None for b in boots) else None,  # type: ignore[arg-type]
         entropy=torch.cat(entropies) if all(e is not None for e in entropies) else None,  # type: ignore[arg-type]
+        kept_logmass=None if kept_counts is None else torch.cat([p.kept_logmass for p in parts]),  # type: ignore[misc]
     )
 
 
@@ -364,7 +387,7 @@ def evaluate(state: TrainerState) -> EvalResult:
         state, chosen, state.setup.eval_prompts, state.eval_prompt_ids, "eval_samples"
     )
     uniforms = sampling_uniforms(config.seed, Stream.EVAL_SAMPLING, 0, sample_index, config.max_new_tokens)
-    sequences, ended, responses, _, _ = _generate(state, prompt_ids, prompt_mask, uniforms, 1.0, top=False)
+    sequences, ended, responses, _, _, _ = _generate(state, prompt_ids, prompt_mask, uniforms, 1.0, top=False)
     scored, valid = _score(state, state.eval_scorer, prompts, responses, sequences, ended, sample_index)
     logprobs = _forward_no_grad(state, sequences, 1.0, need_values=False, need_entropy=False).logprobs
     ref_logprobs = _reference_logprobs(state, sequences, 1.0)

@@ -2,7 +2,8 @@
 
 The generator records each sampled token's log-probability under the distribution it sampled
 from (temperature, top-k, top-p); stage 4 weighs the old log-probs against them with
-``ppo_ref.rollout_correction``. With the sampler equal to the policy the weights are 1; with a
+``ppo_ref.rollout_correction``. With the sampler equal to the policy the weights are 1, under
+top-k / top-p too (the old log-probs renormalised over the sampler's kept set, spec IS-3); with a
 sampler at another temperature (``rollout_temperature``) they spread away from 1, the metrics show
 it, and a small run still learns.
 """
@@ -10,6 +11,7 @@ it, and a small run still learns.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -69,8 +71,11 @@ def test_generate_records_the_samplers_logprobs() -> None:
         assert bool((out.logprobs[~on] == 0).all())
         if top_k == 0:
             assert torch.allclose(out.logprobs[on], recomputed[on], atol=1e-5)
+            assert out.kept_counts is None  # nothing truncated: no kept set to replay
         else:
             assert bool((out.logprobs[on] >= recomputed[on] - 1e-6).all())
+            assert out.kept_counts is not None and out.kept_counts.dtype == torch.int64
+            assert bool((out.kept_counts[on] == top_k).all()) and bool((out.kept_counts[~on] == 1).all())
     assert generate(policy, ids, mask, noise, eos_id=1, pad_id=0).logprobs is None
 
 
@@ -111,11 +116,34 @@ def _weights(out_dir: Path, **overrides: object) -> torch.Tensor:
     return rollout.correction_weights[rollout.mask]
 
 
-def test_the_weights_are_one_when_the_sampler_is_the_policy(out_dir: Path) -> None:
-    same = _weights(out_dir)
+@pytest.mark.parametrize(("top_k", "top_p"), [(0, 1.0), (0, 0.8), (3, 1.0), (5, 0.9)])
+def test_the_weights_are_one_when_the_sampler_is_the_policy(out_dir: Path, top_k: int, top_p: float) -> None:
+    """Under top-k / top-p too (spec IS-3): the sampler's log-probs are renormalised over the tokens
+    it kept, the old ones over the policy's same number of most probable tokens. Weighing the full
+    old log-probs instead would give each step's kept mass S (TRL #6789's pattern; ppo-ref's own
+    trainer did until this test: mean 0.874 at top_p 0.8 on the reverse task)."""
+    same = _weights(out_dir, top_k=top_k, top_p=top_p)
     assert float((same - 1).abs().max()) < 1e-4
-    other = _weights(out_dir, rollout_temperature=1.6)
+    other = _weights(out_dir, top_k=top_k, top_p=top_p, rollout_temperature=1.6)
     assert float((other - 1).abs().max()) > 0.05
+
+
+def test_under_top_p_the_kept_set_truncates_and_the_old_logprobs_stay_full(out_dir: Path) -> None:
+    """The case above is not vacuous: top_p 0.8 drops mass at the sampled steps (the sampler's
+    log-probs sit above the full ones by log S), and the old log-probs, which enter the PPO ratio,
+    are the full distribution's (the step-0 ratio is 1 against the update's full forward)."""
+    config = tiny_config(
+        out_dir, rollout_correction="token-truncate", rollout_correction_high=10.0, top_p=0.8
+    )
+    trainer = PPOTrainer(config, tiny_setup())
+    rollout = trainer.collect_rollout(0)
+    assert rollout.rollout_logprobs is not None
+    on = rollout.mask
+    log_kept_mass = rollout.old_logprobs.double() - rollout.rollout_logprobs.double()
+    assert float(log_kept_mass[on].max()) < 1e-5 and float(log_kept_mass[on].min()) < math.log(0.9)
+    with torch.no_grad():
+        full = trainer.actor_critic.response_outputs(rollout.sequences, config.temperature).logprobs
+    assert torch.allclose(rollout.old_logprobs[on], full[on], atol=1e-5)
 
 
 @pytest.mark.slow

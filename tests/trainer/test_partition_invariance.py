@@ -53,7 +53,12 @@ CASES: dict[str, dict[str, Any]] = {
         "rollout_correction": "sequence-truncate",
         "rollout_temperature": 1.3,
     },
-    "cispo-token-mean": {"policy_loss": "cispo", "clip_eps_high": 0.28, "rollout_correction": "token-mask"},
+    "cispo-token-mean": {  # with top-p, the correction's kept counts go through the wrapped forward
+        "policy_loss": "cispo",
+        "clip_eps_high": 0.28,
+        "rollout_correction": "token-mask",
+        "top_p": 0.9,
+    },
     "cispo-seq-mean-token-mean": {"policy_loss": "cispo", "loss_agg": "seq-mean-token-mean"},
     "cispo-seq-mean-token-sum": {"policy_loss": "cispo", "loss_agg": "seq-mean-token-sum"},
     "cispo-seq-mean-token-sum-norm": {

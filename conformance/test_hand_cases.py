@@ -35,7 +35,7 @@ from torch import Tensor
 
 import ppo_ref
 from ppo_ref.adapters import OP_NAMES
-from ppo_ref.adapters.step import step_runner
+from ppo_ref.adapters.step import StepRunner, clause_not_judged, step_runner
 
 from .cases import Case, decode_inputs, load_cases, output_names, reproduction, run_case
 from .support import (
@@ -200,24 +200,30 @@ def _robustness_param(case: Case) -> Any:
     return pytest.param(case, id=case.id, marks=[pytest.mark.clause(clause), pytest.mark.ops(case.op)])
 
 
-_STEP_RUNNER_FOUND: dict[int, bool] = {}
+_STEP_RUNNERS: dict[int, StepRunner | None] = {}
 
 
-def _has_step_runner(adapter: object) -> bool:
-    """Whether ``adapter`` has a trainer-step runner (looked up once per adapter object)."""
-    if id(adapter) not in _STEP_RUNNER_FOUND:
-        _STEP_RUNNER_FOUND[id(adapter)] = step_runner(adapter) is not None
-    return _STEP_RUNNER_FOUND[id(adapter)]
+def _step_runner(adapter: object) -> StepRunner | None:
+    """``adapter``'s trainer-step runner, or None (looked up once per adapter object)."""
+    if id(adapter) not in _STEP_RUNNERS:
+        _STEP_RUNNERS[id(adapter)] = step_runner(adapter)
+    return _STEP_RUNNERS[id(adapter)]
 
 
 @pytest.mark.parametrize("case", [_param(case) for case in load_cases()])
 def test_hand_case(ctx: Context, case: Case) -> None:
-    if case.clause.startswith("STEP-") and not _has_step_runner(ctx.adapter):
+    if case.clause.startswith("STEP-"):
         # A STEP case pins the arithmetic a trainer step rests on through an op; without a step
-        # runner no step of the library's training code ran, so the clause is not judged.
-        pytest.skip(
-            "not provided: no trainer-step runner (the STEP clauses judge a step of its training code)"
-        )
+        # runner no step of the library's training code ran, so the clause is not judged, nor where
+        # the runner declares the clause's setting absent from its library (clause_not_judged).
+        runner = _step_runner(ctx.adapter)
+        if runner is None:
+            pytest.skip(
+                "not provided: no trainer-step runner (the STEP clauses judge a step of its training code)"
+            )
+        reason = clause_not_judged(runner, case.clause)
+        if reason is not None:
+            pytest.skip(reason)
     if case.op in ctx.conventions.prefix_masks and has_holes(case):
         pytest.skip(f"not provided: the case's mask has holes (declared prefix_masks includes {case.op!r})")
     robustness = case.clause.startswith("ROB-")  # a robustness case runs as written

@@ -1,4 +1,4 @@
-"""The trainer-step tier (spec STEP-1..6): one optimisation step of the library's own training code.
+"""The trainer-step tier (spec STEP-1..7): one optimisation step of the library's own training code.
 
 Runs only for an adapter with a step runner (:func:`ppo_ref.adapters.step.step_runner`: its
 ``step`` attribute or the built-in runner of its name); otherwise every test here is skipped as
@@ -17,6 +17,9 @@ that a report, or ``-rA`` with ``--junitxml``, shows them; a mode the runner dec
 library's gradient-accumulation setting the runner declares (``accumulation_setting``: its
 ``accumulation_run``, or its micro-batches where they are that setting's accumulation steps) against
 the whole batch in one step; a runner declaring ``accumulation_not_provided`` gets "not provided".
+STEP-7 runs STEP-3's left padding again on a model of the position scheme the runner's own model
+lacks (``with_family``): GPT-2's absolute positions for a rotary model, where a forward without
+position ids shows, and a rotary one for GPT-2.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ from ppo_ref.adapters.step import (
     StepMove,
     StepResult,
     StepRunner,
-    accumulation_not_provided,
     accumulation_setting,
+    clause_not_judged,
     example_batch,
+    other_position_scheme,
+    runner_family,
     step_problems,
     step_runner,
     treated_as_truncated,
@@ -56,6 +61,9 @@ MICRO_BATCHES = (2, 4)
 pytestmark = pytest.mark.slow  # about 40 training steps of a tiny model (TRL: about 1 s each)
 
 _RESULTS: dict[tuple[int, str, int, int | None, int | None], StepResult] = {}
+# STEP-7's runners on another family, held for the session: _RESULTS is keyed by the runner's id,
+# which a freed runner would hand on to the next one made.
+_FAMILY_RUNNERS: dict[tuple[int, str], StepRunner] = {}
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +73,7 @@ def runner(ctx: Context) -> StepRunner:
     except ModuleNotFoundError as error:  # a built-in runner whose library or extra is not installed
         pytest.skip(f"not provided: adapter {ctx.impl!r}'s trainer-step runner cannot run here: {error}")
     if found is None:
-        pytest.skip(f"not provided: adapter {ctx.impl!r} has no trainer-step runner (spec STEP-1..6)")
+        pytest.skip(f"not provided: adapter {ctx.impl!r} has no trainer-step runner (spec STEP-1..7)")
     return found
 
 
@@ -178,6 +186,28 @@ def test_step3_extra_prompt_padding(
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.clause("STEP-7")
+def test_step7_prompt_padding_on_the_other_position_scheme(
+    runner: StepRunner, batch: StepBatch, record_property: Callable[[str, object], None]
+) -> None:
+    assert step_problems(runner) == []  # the contract, for this clause too
+    reason = clause_not_judged(runner, "STEP-7")
+    if reason is not None:
+        pytest.skip(reason)
+    own = runner_family(runner)
+    other = other_position_scheme(own) if own is not None else None
+    assert other is not None  # else clause_not_judged gave a reason
+    family, scheme = other
+    label = (
+        f"{family} ({scheme} positions): prompts left-padded by 1, completions padded to {PROMPT_LENGTH + 1}"
+    )
+    key = (id(runner), family)
+    if key not in _FAMILY_RUNNERS:
+        _FAMILY_RUNNERS[key] = runner.with_family(family)  # type: ignore[attr-defined]
+    failures = _compare(_FAMILY_RUNNERS[key], batch, record_property, label, pad_to=PROMPT_LENGTH + 1)
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.clause("STEP-4")
 def test_step4_padding_token_ids_carry_no_gradient(
     runner: StepRunner, batch: StepBatch, record_property: Callable[[str, object], None]
@@ -211,7 +241,7 @@ def test_step5_only_rows_cut_at_the_budget_are_truncated(
             f"{runner.name} declares no truncation handling ({reason}), yet its outputs treat rows "
             f"{wrongly} as truncated"
         )
-        pytest.skip(f"not provided: {runner.name} has no truncation handling of its own: {reason}")
+        pytest.skip(clause_not_judged(runner, "STEP-5") or reason)
     if convention is not None:
         plain = treated_as_truncated(batch, result.outputs)
         record_property(
@@ -232,12 +262,11 @@ def test_step6_accumulation_steps_give_the_whole_batch_step(
     record_property: Callable[[str, object], None],
 ) -> None:
     assert step_problems(runner) == []  # the contract, for this clause too
-    reason = accumulation_not_provided(runner)
+    reason = clause_not_judged(runner, "STEP-6")
     if reason is not None:
-        pytest.skip(f"not provided: {runner.name} has no gradient-accumulation setting: {reason}")
+        pytest.skip(reason)
     setting = accumulation_setting(runner)
-    if setting is None:
-        pytest.skip(f"not provided: {runner.name}'s runner declares no accumulation_setting (spec STEP-6)")
+    assert setting is not None  # else clause_not_judged gave a reason
     record_property("step_declared", f"{runner.name}: accumulation through {setting}")
     accumulate = getattr(runner, "accumulation_run", None)
     k = accumulation_steps

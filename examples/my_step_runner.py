@@ -1,4 +1,4 @@
-"""Judge my_trainer.py's training step with ppo-ref's step tier (spec STEP-1..5), through the kit.
+"""Judge my_trainer.py's training step with ppo-ref's step tier (spec STEP-1..7), through the kit.
 
 Run, in the directory that holds this file and my_trainer.py (ppo-ref installed with its
 ``conformance`` and ``trainer`` extras):
@@ -31,9 +31,15 @@ class MyTrainerStep:
         "my_trainer.train_step (micro-batches, optimizer.step); outputs: my_trainer.prepare's loss mask"
     )
 
+    def __init__(self, family="gpt2"):
+        self.family = family  # the tiny model's family; STEP-7 asks for the other position scheme's
+
+    def with_family(self, family):
+        return MyTrainerStep(family)
+
     def run(self, batch, *, loss_mode, micro_batches=1, pad_to=None, pad_fill=None):
         check_run(batch, loss_mode, self.loss_modes, micro_batches, pad_to, pad_fill)
-        model = tiny_model(tiny_config("gpt2", batch.vocab_size), seed=0)
+        model = tiny_model(tiny_config(self.family, batch.vocab_size), seed=0)
         seen = {}
 
         class ReadGradient(torch.optim.SGD):  # the gradient the step applies, read before it does

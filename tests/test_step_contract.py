@@ -1,4 +1,4 @@
-"""The trainer-step tier's contract (ppo_ref.adapters.step) and ppo-ref's own step runner (spec STEP-1..6).
+"""The trainer-step tier's contract (ppo_ref.adapters.step) and ppo-ref's own step runner (spec STEP-1..7).
 
 The runner's checks are the suite's (conformance/test_step_tier.py); here: the batch's validation,
 the helpers, the runner lookup, and that each STEP comparison catches the bug it is for, by breaking
@@ -531,3 +531,87 @@ def test_step6_counts_the_optimizer_steps_of_an_accumulation_run() -> None:
     with pytest.raises(AssertionError, match="took 2 optimizer steps, expected 1"):
         tier.test_step6_accumulation_steps_give_the_whole_batch_step(_Stepping(), batch, 2, lambda *_: None)
     tier._RESULTS.clear()
+
+
+def _no_position_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mutant of STEP-3 / STEP-7 (known-bugs A5): position ids counted from the first column, as a
+    forward without them."""
+    monkeypatch.setattr(
+        data_module, "position_ids_from_mask", lambda mask: torch.arange(mask.shape[1]).expand(mask.shape)
+    )
+
+
+def test_step7_kills_missing_position_ids_that_step3_misses_on_a_rotary_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On ppo-ref's runner built on Qwen2 (rotary), a forward without position ids passes the suite's
+    STEP-3 tests (the shift cancels in the attention scores) and fails STEP-7, which runs the same
+    left padding on GPT-2; unbroken, both pass on both families."""
+    from conformance import test_step_tier as tier
+
+    batch = example_batch(budget=tier.BUDGET, prompt_length=tier.PROMPT_LENGTH)
+    rotary = MineStep(family="qwen2")
+    assert step_problems(rotary) == [] and MineStep().family == "gpt2"
+    for runner in (MineStep(), rotary):
+        tier._RESULTS.clear()
+        tier.test_step3_extra_prompt_padding(runner, batch, lambda *_: None)
+        tier.test_step7_prompt_padding_on_the_other_position_scheme(runner, batch, lambda *_: None)
+    _no_position_ids(monkeypatch)
+    tier._RESULTS.clear()
+    tier._FAMILY_RUNNERS.clear()
+    tier.test_step3_extra_prompt_padding(rotary, batch, lambda *_: None)  # passes: rotary cancels the shift
+    with pytest.raises(AssertionError, match=r"gpt2 \(absolute positions\): prompts left-padded by 1"):
+        tier.test_step7_prompt_padding_on_the_other_position_scheme(rotary, batch, lambda *_: None)
+    with pytest.raises(AssertionError, match="prompts left-padded by 1"):  # and GPT-2's own STEP-3 fails
+        tier.test_step3_extra_prompt_padding(MineStep(), batch, lambda *_: None)
+    tier._RESULTS.clear()
+    tier._FAMILY_RUNNERS.clear()
+
+
+class _OneFamily(MineStep):
+    name = "one-family"
+    with_family = None  # type: ignore[assignment]
+
+
+class _NoGpt2(MineStep):
+    name = "no-gpt2"
+    family_not_provided = MappingProxyType({"gpt2": "test library cannot load GPT-2 (lib.py:1)"})
+
+
+def test_step7_not_run_not_provided_and_bad_declarations_are_named() -> None:
+    """A runner that builds one family is "not run" (never a pass), one whose library cannot run the
+    other family "not provided" with its reason, in the step test and in STEP-7's hand case alike;
+    bad declarations are named by the contract."""
+    from conformance import test_step_tier as tier
+    from ppo_ref.adapters.step import clause_not_judged, other_position_scheme, runner_family
+
+    assert other_position_scheme("gpt2") == ("qwen2", "rotary")
+    assert other_position_scheme("llama") == ("gpt2", "absolute")
+    assert other_position_scheme("mistral") is None
+    assert runner_family(MineStep(family="llama")) == "llama" and runner_family(object()) is None
+    assert clause_not_judged(MineStep(), "STEP-7") is None and clause_not_judged(MineStep(), "STEP-3") is None
+    batch = example_batch(budget=tier.BUDGET, prompt_length=tier.PROMPT_LENGTH)
+    one, no_gpt2 = _OneFamily(), _NoGpt2(family="qwen2")
+    assert step_problems(one) == [] and step_problems(no_gpt2) == []
+    with pytest.raises(pytest.skip.Exception, match=r"^not run: the runner builds only its gpt2 model"):
+        tier.test_step7_prompt_padding_on_the_other_position_scheme(one, batch, lambda *_: None)
+    with pytest.raises(pytest.skip.Exception, match=r"^not provided: test library cannot load GPT-2"):
+        tier.test_step7_prompt_padding_on_the_other_position_scheme(no_gpt2, batch, lambda *_: None)
+    # STEP-7's hand case skips with the same message (conformance/test_hand_cases.py), so verl's
+    # declared GPT-2 gap is "not provided" in the matrix, not a pass through the case's op
+    assert clause_not_judged(no_gpt2, "STEP-7") == "not provided: test library cannot load GPT-2 (lib.py:1)"
+    assert clause_not_judged(one, "STEP-7").startswith("not run: ")  # type: ignore[union-attr]
+
+    class _Bad(MineStep):
+        family_not_provided = MappingProxyType({"gpt2": ""})
+
+    class _Own(MineStep):
+        family_not_provided = MappingProxyType({"gpt2": "cannot"})
+
+    nameless = MineStep()
+    nameless.family = None  # type: ignore[assignment]
+    assert any(p.startswith("family_not_provided: expected a Mapping") for p in step_problems(_Bad()))
+    assert "family_not_provided: names the runner's own family 'gpt2'" in step_problems(_Own())
+    assert "with_family: needs family, the family of the runner's model" in step_problems(nameless)
+    with pytest.raises(ValueError, match=r"^family: expected one of gpt2, llama, qwen2"):
+        MineStep(family="opt")

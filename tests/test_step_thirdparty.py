@@ -1,4 +1,4 @@
-"""The trainer-step tier run against TRL's own trainers, each in its environment (spec STEP-1..6).
+"""The trainer-step tier run against TRL's own trainers, each in its environment (spec STEP-1..7).
 
 ``pytest conformance/test_step_tier.py`` in ``.envs/trl116`` (TRL 1.16 ``GRPOTrainer``, every
 loss_type) and ``.envs/trl`` (TRL 1.12 ``PPOTrainer``), through the step-only adapter
@@ -33,6 +33,8 @@ EXPECTED_FAILURES = {
         # trl-ppo-accumulation-end-of-dataloader (STEP-6 counts the optimizer steps)
         "test_step6_accumulation_steps_give_the_whole_batch_step[2]",
         "test_step6_accumulation_steps_give_the_whole_batch_step[4]",
+        # trl-ppo-score-slot-width on Qwen2 too (the width, not the positions)
+        "test_step7_prompt_padding_on_the_other_position_scheme",
     },
 }
 
@@ -44,7 +46,7 @@ def test_step_tier_verdicts_of_trl(env: str) -> None:
     wide = {**TRL_ENVIRONMENT, "COLUMNS": "2000"}  # the failure messages in full in the short summary
     done = run_step_tier(env, "-rfE", "--tb=no", impl=ADAPTER, environ=wide)
     assert done.failed == EXPECTED_FAILURES[env], done.stdout[-3000:]
-    assert done.passed == 10 - len(done.failed), done.stdout[-3000:]
+    assert done.passed == 11 - len(done.failed), done.stdout[-3000:]  # STEP-7 runs on Qwen2
     if env == "trl":  # STEP-6: accelerate steps the optimizer at every accumulation step
         for k in (2, 4):
             assert f"took {k} optimizer steps, expected 1" in done.stdout, done.stdout[-3000:]

@@ -1,4 +1,4 @@
-"""The trainer-step tier run against verl 0.9.1's own actor update, in ``.envs/verl`` (spec STEP-1..6).
+"""The trainer-step tier run against verl 0.9.1's own actor update, in ``.envs/verl`` (spec STEP-1..7).
 
 ``pytest conformance/test_step_tier.py --impl=verl`` (the built-in step runner of the ``verl`` adapter,
 ``ppo_ref.adapters.thirdparty.verl_step``: ``RayPPOTrainer._compute_old_log_prob`` and ``_update_actor``
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.thirdparty_env import run_step_check, run_step_tier
+from tests.thirdparty_env import STEP_ENVIRONMENT, run_step_check, run_step_tier
 
 EXPECTED_FAILURES = {
     "test_step3_extra_completion_padding",
@@ -30,9 +30,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess, pytest.mark.thirdparty
 
 
 def test_step_tier_verdicts_of_verl() -> None:
-    done = run_step_tier("verl", "-rfE")
+    done = run_step_tier("verl", "-rfEs", environ={**STEP_ENVIRONMENT, "COLUMNS": "2000"})
     assert done.failed == EXPECTED_FAILURES, done.stdout[-3000:]
     assert done.passed == 10 - len(done.failed), done.stdout[-3000:]
+    assert done.skipped == 1, done.stdout[-3000:]  # STEP-7: verl's FSDP engine cannot load GPT-2
+    assert "not provided: verl's FSDP engine cannot load a GPT-2 model" in done.stdout, done.stdout[-3000:]
     # STEP-3 fails for the width-normalised mode only, and by the width ratio (6 -> 9 columns: 1/3)
     step3 = re.findall(
         r"^E\s+AssertionError: (\S+): completions padded to 9 .*relative (\S+) >", done.stdout, re.M

@@ -1,4 +1,4 @@
-"""The trainer-step tier (spec STEP-1..6): an optional adapter capability that runs one
+"""The trainer-step tier (spec STEP-1..7): an optional adapter capability that runs one
 optimisation step of a library's own training code on a tiny model and a fixed batch.
 
 The op contract (:mod:`ppo_ref.adapters.base`) calls a library's loss functions one at a time; the
@@ -11,7 +11,9 @@ the library's own rollout-to-advantage and loss-and-backward path, and returns a
 (what a plain-SGD step with learning rate 1 subtracts from the parameters), the loss, the
 statistics the library logs, and the library's own per-row outputs (:data:`OUTPUTS`) from which
 STEP-5 measures the rows it treated as truncated. STEP-6 runs the library's gradient-accumulation
-setting (the runner's optional ``accumulation_setting``). :mod:`ppo_ref.adapters.step_kit` holds what every
+setting (the runner's optional ``accumulation_setting``); STEP-7 runs STEP-3's left padding again on a
+model of the position scheme the runner's own lacks (its optional ``family`` and ``with_family``).
+:mod:`ppo_ref.adapters.step_kit` holds what every
 runner needs besides the library call; :mod:`ppo_ref.adapters.step_check` runs the tier at a user's
 own TRL or verl settings (``ppo-ref step-check``). The batch, result and runner types and the tier's
 constants are in :mod:`ppo_ref.adapters.step_types` (re-exported here); this module holds what reads
@@ -57,6 +59,7 @@ __all__ = [
     "ACCUMULATION_STEPS",
     "BUILTIN_STEP_RUNNERS",
     "OUTPUTS",
+    "POSITION_SCHEMES",
     "RATIO_TOLERANCE",
     "RELATIVE_TOLERANCE",
     "STEP_STATISTICS",
@@ -69,8 +72,12 @@ __all__ = [
     "StepRunner",
     "accumulation_not_provided",
     "accumulation_setting",
+    "clause_not_judged",
     "example_batch",
+    "family_not_provided",
     "gradient_difference",
+    "other_position_scheme",
+    "runner_family",
     "step_problems",
     "step_runner",
     "treated_as_truncated",
@@ -91,6 +98,95 @@ BUILTIN_STEP_RUNNERS: Mapping[str, str] = {
 }
 """Adapter name -> ``module:factory`` of its step runner (the factory returns None where the
 installed version has none), for adapters that do not carry a ``step`` attribute themselves."""
+
+
+POSITION_SCHEMES: Mapping[str, str] = {"gpt2": "absolute", "llama": "rotary", "qwen2": "rotary"}
+"""STEP-7: the position scheme of each model family the step kit builds (``step_kit.FAMILIES``):
+GPT-2 adds a learned embedding per absolute position, Llama and Qwen2 rotate queries and keys by
+theirs (attention then sees only the difference, so a shift of every position cancels)."""
+
+_SCHEME_FAMILY: Mapping[str, str] = {"absolute": "gpt2", "rotary": "qwen2"}
+
+
+def runner_family(runner: object) -> str | None:
+    """The ``model_type`` of the tiny model ``runner`` builds (its optional ``family`` attribute: a
+    family name or a ``config.json`` mapping), or None where it does not say."""
+    family = getattr(runner, "family", None)
+    if family is None:
+        return None
+    if isinstance(family, Mapping):
+        family = family.get("model_type")
+    if not isinstance(family, str) or not family:
+        raise ValueError(f"runner: family must be a family name or a config.json mapping, got {family!r}")
+    return family
+
+
+def other_position_scheme(family: str) -> tuple[str, str] | None:
+    """STEP-7: ``(family, scheme)`` of the model STEP-3 runs on next, the position scheme ``family``
+    lacks (``"gpt2"`` -> ``("qwen2", "rotary")``, ``"llama"`` -> ``("gpt2", "absolute")``), or None
+    for a family whose scheme :data:`POSITION_SCHEMES` does not know."""
+    scheme = POSITION_SCHEMES.get(family)
+    if scheme is None:
+        return None
+    other = "rotary" if scheme == "absolute" else "absolute"
+    return _SCHEME_FAMILY[other], other
+
+
+def family_not_provided(runner: object, family: str) -> str | None:
+    """The reason ``runner`` gives for its library not running a ``family`` model (its optional
+    ``family_not_provided`` mapping, family -> reason naming the library's file and line; STEP-7
+    then reports "not provided"), or None."""
+    reasons = getattr(runner, "family_not_provided", None) or {}
+    if not isinstance(reasons, Mapping):
+        raise ValueError(
+            f"runner: family_not_provided must be a Mapping of family -> reason, got {reasons!r}"
+        )
+    reason = reasons.get(family)
+    if reason is not None and (not isinstance(reason, str) or not reason.strip()):
+        raise ValueError(f"runner: family_not_provided[{family!r}] must be a non-empty str, got {reason!r}")
+    return reason
+
+
+def clause_not_judged(runner: object, clause: str) -> str | None:
+    """Why the step tier leaves ``clause`` unjudged for ``runner``, known before anything runs: the
+    skip message, ``"not provided: ..."`` where the runner declares that its library lacks what the
+    clause checks (STEP-5, STEP-6, STEP-7) and ``"not run: ..."`` where the runner cannot reach it
+    (STEP-7), or None. The suite's step tests and the clause's hand cases both skip with it, so a
+    declaration never turns into a pass through a hand case. (STEP-5 still runs first, to check a
+    declared absence of truncation handling against the library's outputs.)"""
+    name = getattr(runner, "name", "the runner")
+    if clause == "STEP-5":
+        reason = truncation_not_provided(runner)
+        return (
+            None
+            if reason is None
+            else f"not provided: {name} has no truncation handling of its own: {reason}"
+        )
+    if clause == "STEP-6":
+        reason = accumulation_not_provided(runner)
+        if reason is not None:
+            return f"not provided: {name} has no gradient-accumulation setting: {reason}"
+        if accumulation_setting(runner) is None:
+            return f"not provided: {name}'s runner declares no accumulation_setting (spec STEP-6)"
+        return None
+    if clause != "STEP-7":
+        return None
+    own = runner_family(runner)
+    if own is None:
+        return "not run: the runner does not name its model's family (attribute family)"
+    other = other_position_scheme(own)
+    if other is None:
+        return f"not run: the position scheme of the runner's {own} model is not known to the suite"
+    family, scheme = other
+    reason = family_not_provided(runner, family)
+    if reason is not None:
+        return f"not provided: {reason}"
+    if getattr(runner, "with_family", None) is None:
+        return (
+            f"not run: the runner builds only its {own} model (no with_family), so left padding was "
+            f"not checked on a model with {scheme} positions"
+        )
+    return None
 
 
 def step_problems(runner: object) -> list[str]:
@@ -126,6 +222,39 @@ def step_problems(runner: object) -> list[str]:
                 "which say the library handles truncation"
             )
     problems += _accumulation_problems(runner)
+    problems += _family_problems(runner)
+    return problems
+
+
+def _optional_method(runner: object, method: str, needed: object, needs: str) -> list[str]:
+    """The problems of ``runner``'s optional method ``method``: not callable, or present without
+    ``needed`` (None), the declaration ``needs`` names."""
+    found = getattr(runner, method, None)
+    if found is None:
+        return []
+    if not callable(found):
+        return [f"{method}: expected a method or nothing"]
+    return [f"{method}: needs {needs}"] if needed is None else []
+
+
+def _family_problems(runner: object) -> list[str]:
+    problems: list[str] = []
+    try:
+        family = runner_family(runner)  # optional
+    except ValueError as error:
+        problems.append(str(error).removeprefix("runner: "))
+        family = None
+    problems += _optional_method(runner, "with_family", family, "family, the family of the runner's model")
+    reasons = getattr(runner, "family_not_provided", None)  # optional
+    if reasons is not None:
+        if not isinstance(reasons, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in reasons.items()
+        ):
+            problems.append(
+                f"family_not_provided: expected a Mapping of family -> reason (str), got {reasons!r}"
+            )
+        elif family in reasons:
+            problems.append(f"family_not_provided: names the runner's own family {family!r}")
     return problems
 
 
@@ -134,12 +263,10 @@ def _accumulation_problems(runner: object) -> list[str]:
     setting = getattr(runner, "accumulation_setting", None)  # optional
     if setting is not None and (not isinstance(setting, str) or not setting.strip()):
         problems.append(f"accumulation_setting: expected a non-empty str or None, got {setting!r}")
-    run = getattr(runner, "accumulation_run", None)  # optional
-    if run is not None:
-        if not callable(run):
-            problems.append("accumulation_run: expected a method or nothing")
-        elif setting is None:
-            problems.append("accumulation_run: needs accumulation_setting, the library setting it drives")
+    run = getattr(runner, "accumulation_run", None)  # optional (also read below)
+    problems += _optional_method(
+        runner, "accumulation_run", setting, "accumulation_setting, the library setting it drives"
+    )
     reason = getattr(runner, "accumulation_not_provided", None)  # optional
     if reason is not None:
         if not isinstance(reason, str) or not reason.strip():

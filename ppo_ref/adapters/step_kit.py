@@ -1,4 +1,4 @@
-"""The step-runner kit: what every trainer-step runner (spec STEP-1..6) needs besides the library call.
+"""The step-runner kit: what every trainer-step runner (spec STEP-1..7) needs besides the library call.
 
 A runner (:class:`ppo_ref.adapters.step.StepRunner`) feeds the suite's fixed batch to a library's
 own training step. This module holds the parts that do not depend on the library, so that a runner

@@ -1,4 +1,4 @@
-"""Trainer-step tier for ppo-ref's own trainer (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for ppo-ref's own trainer (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
 
 Each run goes through the trainer's code, stage by stage: the response mask and stop reason of
 the generator (:func:`ppo_ref.trainer.generation.first_eos_mask`, limited to the token budget as
@@ -8,7 +8,8 @@ from :data:`ppo_ref.trainer.estimators.ADVANTAGE_ESTIMATORS` (``grpo``), and sta
 :func:`ppo_ref.trainer.update.minibatch_backward` with ``micro_batch_size = B / micro_batches``
 (gradient accumulation). The gradient is the accumulated ``.grad`` of the policy before any
 clipping or optimizer step. The model is a tiny GPT-2 (2 layers, width 32, dropout 0) in float64,
-built from a fixed seed.
+built from a fixed seed; ``MineStep(family="qwen2")`` (or ``"llama"``, :meth:`MineStep.with_family`,
+STEP-7) builds that family's tiny model instead.
 
 Loss modes: the four ``loss_agg`` modes with ``policy_loss = "ppo"`` (their names), and
 ``cispo`` (token-mean) and ``gspo`` (seq-mean-token-mean). Outputs (STEP-5): the rollout's
@@ -67,17 +68,26 @@ class MineStep:
         "stage 6's advantages"
     )
 
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, family: str = "gpt2") -> None:
         import ppo_ref
+        from ppo_ref.adapters.step_kit import FAMILIES
 
+        if family not in FAMILIES:
+            raise ValueError(f"family: expected one of {', '.join(FAMILIES)}, got {family!r}")
         self.version = ppo_ref.__version__
         self.seed = seed
+        self.family = family
+
+    def with_family(self, family: str) -> MineStep:
+        """The same runner on a tiny ``family`` model (STEP-7)."""
+        return MineStep(self.seed, family)
 
     def _actor_critic(self, vocab_size: int) -> Any:
         from ppo_ref.trainer.models import ActorCritic
 
         with torch.random.fork_rng(devices=[]):
-            policy = tiny_model(tiny_config("gpt2", vocab_size, bos_id=1), self.seed, dtype=torch.float64)
+            config = tiny_config(self.family, vocab_size, bos_id=1)
+            policy = tiny_model(config, self.seed, dtype=torch.float64)
         return ActorCritic(policy)
 
     def _config(self, batch: StepBatch, micro_batches: int, **settings: Any) -> Any:

@@ -273,6 +273,15 @@ class StepRunner(Protocol):
     no accumulation setting says so in the optional attribute ``accumulation_not_provided`` (the
     reason, naming the library's file and line): STEP-6 is then "not provided", never a pass. It
     excludes ``accumulation_setting`` and ``accumulation_run``.
+
+    STEP-7 (STEP-3's left padding on the position scheme the runner's own model lacks) reads the
+    optional attribute ``family`` (the family of the tiny model the runner builds: a name of
+    ``step_kit.FAMILIES`` or a ``config.json`` mapping) and calls the optional method
+    ``with_family(family)``, the same runner on a tiny model of the other scheme's family (GPT-2 for
+    a rotary model, Qwen2 for GPT-2). A library that cannot run a model of that family says so in
+    the optional mapping ``family_not_provided`` (family -> the reason, naming the library's file
+    and line): STEP-7 is then "not provided". A runner with no ``with_family`` gets "not run", never
+    a pass.
     """
 
     @property

@@ -1,4 +1,4 @@
-"""Trainer-step tier for OpenRLHF 0.11.2 (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for OpenRLHF 0.11.2 (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through OpenRLHF's own code, in this process, on the CPU (file:line of the installed
 release, ``openrlhf/...``):
@@ -294,6 +294,10 @@ class OpenRLHFStep:
         self.family = family
         self._dir = tempfile.mkdtemp(prefix="ppo-ref-openrlhf-step-")
         self._saved: dict[int, str] = {}
+
+    def with_family(self, family: str) -> OpenRLHFStep:
+        """The same runner on a tiny ``family`` model (STEP-7)."""
+        return OpenRLHFStep(self.seed, family)
 
     def _model_path(self, vocab_size: int) -> str:
         if vocab_size not in self._saved:

@@ -1,4 +1,4 @@
-"""Trainer-step tier for RLinf 0.3.0 (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for RLinf 0.3.0 (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through RLinf's reasoning actor, ``rlinf.workers.actor.fsdp_actor_worker.FSDPActor``,
 in this process, on the CPU:
@@ -204,6 +204,10 @@ class RlinfStep:
         "advantages of a row cut at the budget are those of a row that ended"
     )
 
+    family = "qwen2"
+    """The model the runner builds: a tiny Qwen2 (rotary positions), and no other
+    family: STEP-7 (left padding on GPT-2) is not run."""
+
     def __init__(self, seed: int = 0) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed: expected an int, got {seed!r}")
@@ -214,7 +218,7 @@ class RlinfStep:
     def _model_path(self, vocab_size: int) -> str:
         path = os.path.join(self._dir, f"model-{vocab_size}")
         if not os.path.isdir(path):
-            save_tiny(path, tiny_config("qwen2", vocab_size), self.seed)
+            save_tiny(path, tiny_config(self.family, vocab_size), self.seed)
         return path
 
     def run(

@@ -1,4 +1,4 @@
-"""Trainer-step tier for skyrl 0.4.0 (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for skyrl 0.4.0 (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through skyrl's own trainer and worker code, in this process, on the CPU (file:line of
 the installed release, ``skyrl/...``), in the order of ``RayPPOTrainer.train``'s step
@@ -319,6 +319,10 @@ class SkyrlStep:
         "rewards as vLLM and the environment give them; use_kl_loss false (no reference model); a tiny Qwen2"
     )
 
+    family = "qwen2"
+    """The model the runner builds: a tiny Qwen2 (rotary positions), and no other
+    family: STEP-7 (left padding on GPT-2) is not run."""
+
     def __init__(self, seed: int = 0) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ValueError(f"seed: expected an int, got {seed!r}")
@@ -329,7 +333,7 @@ class SkyrlStep:
     def _model_path(self, vocab_size: int) -> str:
         path = os.path.join(self._dir, f"model-{vocab_size}")
         if not os.path.isdir(path):
-            save_tiny(path, tiny_config("qwen2", vocab_size), self.seed)
+            save_tiny(path, tiny_config(self.family, vocab_size), self.seed)
         return path
 
     def _config(self, batch: StepBatch, loss_mode: str, micro_batches: int, truncation: bool) -> Any:

@@ -1,4 +1,4 @@
-"""Trainer-step tier for ms-swift 4.6.0's ``GRPOTrainer`` (spec STEP-1..6; contract
+"""Trainer-step tier for ms-swift 4.6.0's ``GRPOTrainer`` (spec STEP-1..7; contract
 :mod:`ppo_ref.adapters.step`).
 
 Every run goes through ms-swift's own pipeline and trainer, in this process, on the CPU (file:line of
@@ -143,6 +143,10 @@ class SwiftGrpoStep:
     )
     truncation_convention = None
 
+    family = "llama"
+    """The model the runner builds: a tiny Llama (rotary positions), and no other
+    family: STEP-7 (left padding on GPT-2) is not run."""
+
     def __init__(self, seed: int = 0) -> None:
         self.version = str(importlib.import_module("swift").__version__)
         self.seed = seed
@@ -152,7 +156,7 @@ class SwiftGrpoStep:
         path = os.path.join(self._dir, f"model-{vocab_size}")
         if not os.path.isdir(path):
             tokenizer = word_tokenizer(vocab_size, bos=None)
-            save_tiny(path, tiny_config("llama", vocab_size, bos_id=None), self.seed, tokenizer)
+            save_tiny(path, tiny_config(self.family, vocab_size, bos_id=None), self.seed, tokenizer)
         return path
 
     def _dataset(self, batch: StepBatch) -> str:

@@ -1,4 +1,4 @@
-"""Trainer-step tier for TRL 1.16's ``GRPOTrainer`` (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for TRL 1.16's ``GRPOTrainer`` (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through the trainer's own code: ``GRPOTrainer.train()`` for one optimizer step
 (``max_steps=1``) whose completions come from the public ``rollout_func`` argument (it returns
@@ -112,6 +112,10 @@ class TrlGrpoStep:
         self.seed, self.family, self.settings = seed, family, dict(settings or {})
         self.padding_side = padding_side
         self._dir = tempfile.mkdtemp(prefix="ppo-ref-trl-step-")
+
+    def with_family(self, family: str) -> TrlGrpoStep:
+        """The same runner (settings, padding side) on a tiny ``family`` model (STEP-7)."""
+        return TrlGrpoStep(self.seed, family, self.settings, self.padding_side)
 
     def _trainer(
         self,
@@ -307,10 +311,15 @@ class TrlPpoStep:
         "outputs: train()'s scores after missing_eos_penalty"
     )
 
-    def __init__(self, seed: int = 0, sync_with_dataloader: bool = False) -> None:
+    def __init__(self, seed: int = 0, sync_with_dataloader: bool = False, family: str = "gpt2") -> None:
         self.version = str(importlib.import_module("trl").__version__)
         self.seed = seed
         self.sync_with_dataloader = sync_with_dataloader
+        self.family = family
+
+    def with_family(self, family: str) -> TrlPpoStep:
+        """The same runner on tiny ``family`` models (policy, reference, value; STEP-7)."""
+        return TrlPpoStep(self.seed, self.sync_with_dataloader, family)
 
     def _train(
         self, batch: StepBatch, micro_batches: int, pad_to: int | None, pad_fill: int | None
@@ -322,9 +331,9 @@ class TrlPpoStep:
         module: Any = importlib.import_module("trl.experimental.ppo.ppo_trainer")
         fill = check_run(batch, "token-mean", self.loss_modes, micro_batches, pad_to, pad_fill)
         tokenizer = word_tokenizer(batch.vocab_size)
-        policy = tiny_model(tiny_config("gpt2", batch.vocab_size), self.seed)
-        reference = tiny_model(tiny_config("gpt2", batch.vocab_size), self.seed)
-        value = tiny_model(tiny_config("gpt2", batch.vocab_size), self.seed + 1, head="score")
+        policy = tiny_model(tiny_config(self.family, batch.vocab_size), self.seed)
+        reference = tiny_model(tiny_config(self.family, batch.vocab_size), self.seed)
+        value = tiny_model(tiny_config(self.family, batch.vocab_size), self.seed + 1, head="score")
         layout = padded(batch, pad_to)  # the prompts left-padded with the pad id
         width_r = layout.response_ids.shape[1]
         queries = [

@@ -1,4 +1,4 @@
-"""Trainer-step tier for verl 0.9.1 (spec STEP-1..6; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for verl 0.9.1 (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through verl's own trainer code, in this process, on the CPU:
 
@@ -226,6 +226,18 @@ class VerlStep:
         "VERL_ENGINE_DEVICE=cuda; the runner as the actor worker group (TrainingWorker in process, no Ray); "
         "RewardLoopWorker.compute_score_batch awaited in process (not a Ray actor)"
     )
+
+    family_not_provided: Mapping[str, str] = MappingProxyType(
+        {
+            "gpt2": (
+                "verl's FSDP engine cannot load a GPT-2 model: it calls apply_monkey_patch on every model "
+                "(verl/workers/engine/fsdp/transformer_impl.py:324), which reads "
+                "model.config.num_key_value_heads (verl/models/transformers/monkey_patch.py:334, again "
+                "in its fallback at :340): GPT2Config has no such attribute, an AttributeError (measured)"
+            )
+        }
+    )
+    """STEP-7: the absolute-position family verl cannot run."""
 
     def __init__(
         self,

@@ -278,11 +278,8 @@ def _generate(
     if with_entropy:
         spread = torch.cat([_pad_right(p.entropy, width, 0) for p in pieces if p.entropy is not None])
     kept = None
-    if pieces[0].kept_counts is not None:  # after EOS the whole vocabulary, as generate leaves it
-        vocabulary = int(pieces[0].kept_counts.max())
-        kept = torch.cat(
-            [_pad_right(p.kept_counts, width, vocabulary) for p in pieces if p.kept_counts is not None]
-        )
+    if pieces[0].kept_counts is not None:  # 1 past a row's end, as generate leaves it after EOS
+        kept = torch.cat([_pad_right(p.kept_counts, width, 1) for p in pieces if p.kept_counts is not None])
     return sequences, ended, state.tokenizer.batch_decode(rows_without_eos), sampled, spread, kept
 
 

@@ -142,10 +142,7 @@ def collect_rollout(state: TrainerState, iteration: int, timings: dict[str, floa
     #     agree on that support, not the kept mass S); the old log-probs themselves stay full.
     weights = None
     if rollout_logprobs is not None:
-        on_support = outputs.logprobs
-        if outputs.kept_logmass is not None:
-            on_support = outputs.logprobs - outputs.kept_logmass
-        weights = correction_weights(config, on_support, rollout_logprobs, mask)
+        weights = correction_weights(config, outputs.logprobs, rollout_logprobs, mask, outputs.kept_logmass)
 
     local = Rollout(
         iteration=iteration,

@@ -234,16 +234,27 @@ def corrected_advantages(batch: TrainingBatch) -> Tensor:
 
 
 def correction_weights(
-    config: TrainerConfig, old_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor
+    config: TrainerConfig,
+    old_logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    mask: Tensor,
+    kept_logmass: Tensor | None = None,
 ) -> Tensor:
     """(B, N) ``ppo_ref.rollout_correction`` weights of the old log-probs (the trained policy at
     ``temperature``) against the sampler's ``rollout_logprobs``, with the config's level
     (``token``, ``sequence``, ``geometric`` = ``sequence-geometric``), mode and bounds; in the
     old log-probs' dtype, 0 off the mask. Example: ``token-truncate`` with high 2 and log-probs
     ``log 0.9`` (old) vs ``log 0.3`` (sampler) gives ``min(3, 2) = 2``.
+
+    Under top-k / top-p the sampler's log-probs are renormalised over the tokens it kept; with
+    ``kept_logmass`` (B, N), the old policy's log-mass on the same number of most probable tokens
+    (``ResponseOutputs.kept_logmass``), the old log-probs are renormalised over that support first,
+    so the weights are 1 where the two policies agree (spec IS-3, STEP-8), not the kept mass S.
     """
     if config.rollout_correction == "none":
         raise ValueError("config: rollout_correction is 'none' (no weights to compute)")
+    if kept_logmass is not None:
+        old_logprobs = old_logprobs - kept_logmass
     level, mode = config.rollout_correction.rsplit("-", 1)
     weights = rollout_correction(
         old_logprobs,

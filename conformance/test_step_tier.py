@@ -1,4 +1,4 @@
-"""The trainer-step tier (spec STEP-1..7): one optimisation step of the library's own training code.
+"""The trainer-step tier (spec STEP-1..8): one optimisation step of the library's own training code.
 
 Runs only for an adapter with a step runner (:func:`ppo_ref.adapters.step.step_runner`: its
 ``step`` attribute or the built-in runner of its name); otherwise every test here is skipped as
@@ -19,7 +19,11 @@ library's gradient-accumulation setting the runner declares (``accumulation_sett
 the whole batch in one step; a runner declaring ``accumulation_not_provided`` gets "not provided".
 STEP-7 runs STEP-3's left padding again on a model of the position scheme the runner's own model
 lacks (``with_family``): GPT-2's absolute positions for a rotary model, where a forward without
-position ids shows, and a rotary one for GPT-2.
+position ids shows, and a rotary one for GPT-2. STEP-8 draws a rollout from the runner's own model
+(``policy_logits``) under top-p and under top-k, feeds the sampler's renormalised log-probs to the
+library's rollout correction (``sampling_run``) and checks the step-0 ratio (1) and the weights
+against the convention the runner declares (``sampling_convention``: 1 on the replayed support, or
+the kept mass S against the full softmax, measured and shown).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ppo_ref.adapters.step import (
     ACCUMULATION_STEPS,
     RATIO_TOLERANCE,
     RELATIVE_TOLERANCE,
+    SAMPLINGS,
     SUITE_BUDGET,
     SUITE_PROMPT_LENGTH,
     StepBatch,
@@ -43,6 +48,9 @@ from ppo_ref.adapters.step import (
     example_batch,
     other_position_scheme,
     runner_family,
+    sampled_rollout,
+    sampling_convention,
+    sampling_problems,
     step_problems,
     step_runner,
     treated_as_truncated,
@@ -73,7 +81,7 @@ def runner(ctx: Context) -> StepRunner:
     except ModuleNotFoundError as error:  # a built-in runner whose library or extra is not installed
         pytest.skip(f"not provided: adapter {ctx.impl!r}'s trainer-step runner cannot run here: {error}")
     if found is None:
-        pytest.skip(f"not provided: adapter {ctx.impl!r} has no trainer-step runner (spec STEP-1..7)")
+        pytest.skip(f"not provided: adapter {ctx.impl!r} has no trainer-step runner (spec STEP-1..8)")
     return found
 
 
@@ -304,3 +312,32 @@ def test_step6_accumulation_steps_give_the_whole_batch_step(
 
 def _norm(result: StepResult) -> float:
     return float(sum(float((g**2).sum()) for g in result.gradient.values()) ** 0.5)
+
+
+@pytest.mark.clause("STEP-8")
+@pytest.mark.parametrize("top_k, top_p", SAMPLINGS)
+def test_step8_correction_on_a_truncated_rollout(
+    runner: StepRunner,
+    batch: StepBatch,
+    top_k: int,
+    top_p: float,
+    record_property: Callable[[str, object], None],
+) -> None:
+    assert step_problems(runner) == []  # the contract, for this clause too
+    reason = clause_not_judged(runner, "STEP-8")
+    if reason is not None:
+        pytest.skip(reason)
+    convention = sampling_convention(runner)
+    assert convention is not None  # else clause_not_judged gave a reason
+    sampled = sampled_rollout(runner.policy_logits, batch, top_k, top_p)  # type: ignore[attr-defined]
+    result = runner.sampling_run(sampled)  # type: ignore[attr-defined]
+    problems, measure = sampling_problems(sampled, result, convention)
+    record_property("step_measure", f"{runner.name}: {measure}")
+    if convention == "full" and not problems:  # the kept mass as the weight: a declared convention
+        record_property(
+            "step_declared",
+            f"{runner.name}: the correction weights are the kept mass S (declared 'full': the old "
+            "log-probs over the whole vocabulary against the sampler's renormalised ones, TRL #6789); "
+            + measure,
+        )
+    assert not problems, "\n".join(problems)

@@ -1,4 +1,4 @@
-"""Judge my_trainer.py's training step with ppo-ref's step tier (spec STEP-1..7), through the kit.
+"""Judge my_trainer.py's training step with ppo-ref's step tier (spec STEP-1..8), through the kit.
 
 Run, in the directory that holds this file and my_trainer.py (ppo-ref installed with its
 ``conformance`` and ``trainer`` extras):

@@ -66,7 +66,7 @@ def test_example_adapter_passes_with_its_declared_convention(tmp_path: Path) -> 
             "GRP-1 GRP-2 GRP-3 GRP-4 AGG-1 AGG-2 AGG-3 CLIP-1 CLIP-2 GSPO-1 GSPO-2 GSPO-3 "
             "CISPO-1 CISPO-2 KLL-1 KLL-2 KLL-3 IS-1 IS-2 IS-3 "
             # ROB-4: family ops; STEP: no step runner
-            "ROB-4 STEP-1 STEP-2 STEP-3 STEP-4 STEP-5 STEP-6 STEP-7".split(),
+            "ROB-4 STEP-1 STEP-2 STEP-3 STEP-4 STEP-5 STEP-6 STEP-7 STEP-8".split(),
             "not provided",
         ),
         "CLIP-3": "declared convention",

@@ -135,7 +135,18 @@ def test_the_spec_has_a_version_and_the_changelog_describes_it() -> None:
     changelog = (SPEC_PATH.parent / "CHANGELOG.md").read_text(encoding="utf-8")
     versions = [line.split()[1] for line in changelog.splitlines() if line.startswith("## ")]
     assert versions[0] == SPEC_VERSION, "the newest changelog entry is not the spec's version"
-    assert versions == ["1.8.0", "1.7.0", "1.6.0", "1.5.0", "1.4.0", "1.3.0", "1.2.0", "1.1.0", "1.0.0"]
+    assert versions == [
+        "1.9.0",
+        "1.8.0",
+        "1.7.0",
+        "1.6.0",
+        "1.5.0",
+        "1.4.0",
+        "1.3.0",
+        "1.2.0",
+        "1.1.0",
+        "1.0.0",
+    ]
     # 1.0.0 had 33 clauses; 1.1.0 added the PPO-family prefixes, and nothing else.
     clauses = list(spec_clauses())
     family = ("GRP-", "AGG-", "CLIP-", "GSPO-", "CISPO-", "KLL-", "IS-", "RPP-")
@@ -151,7 +162,7 @@ def test_the_spec_has_a_version_and_the_changelog_describes_it() -> None:
     # 1.3.0 added the trainer-step tier (issue 14).
     newest = changelog.split("## 1.3.0", 1)[1].split("## 1.2.0", 1)[0]
     assert "STEP-1" in newest
-    assert [c for c in clauses if c.startswith("STEP-")] == [f"STEP-{i}" for i in range(1, 8)]
+    assert [c for c in clauses if c.startswith("STEP-")] == [f"STEP-{i}" for i in range(1, 9)]
     # 1.4.0 added the edge clauses (issue 20).
     edge = changelog.split("## 1.4.0", 1)[1].split("## 1.3.0", 1)[0]
     assert "EDGE-1" in edge and "PG-7" in edge
@@ -168,6 +179,9 @@ def test_the_spec_has_a_version_and_the_changelog_describes_it() -> None:
     # 1.8.0 added STEP-7, left padding on the other position scheme (issue 22).
     positions = changelog.split("## 1.8.0", 1)[1].split("## 1.7.0", 1)[0]
     assert "STEP-7" in positions and "with_family" in positions and "family_not_provided" in positions
+    # 1.9.0 added STEP-8, a rollout sampled with top-k or top-p (issue 22).
+    sampling = changelog.split("## 1.9.0", 1)[1].split("## 1.8.0", 1)[0]
+    assert "STEP-8" in sampling and "sampling_convention" in sampling and "sampling_not_provided" in sampling
 
 
 def test_spec_version_rejects_a_spec_without_a_version_line(tmp_path: Path) -> None:

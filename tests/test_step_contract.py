@@ -1,4 +1,4 @@
-"""The trainer-step tier's contract (ppo_ref.adapters.step) and ppo-ref's own step runner (spec STEP-1..7).
+"""The trainer-step tier's contract (ppo_ref.adapters.step) and ppo-ref's own step runner (spec STEP-1..8).
 
 The runner's checks are the suite's (conformance/test_step_tier.py); here: the batch's validation,
 the helpers, the runner lookup, and that each STEP comparison catches the bug it is for, by breaking

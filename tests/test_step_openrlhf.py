@@ -1,5 +1,5 @@
 """The trainer-step tier run against OpenRLHF 0.11.2's own PPO actor update, in ``.envs/openrlhf``
-(spec STEP-1..7).
+(spec STEP-1..8).
 
 ``pytest conformance/test_step_tier.py --impl=openrlhf`` (the built-in step runner of the ``openrlhf``
 adapter, ``ppo_ref.adapters.thirdparty.openrlhf_step``: rows from ``SingleTurnAgentExecutor.execute``,
@@ -32,6 +32,7 @@ def test_step_tier_verdicts_of_openrlhf() -> None:
     done = run_step_tier("openrlhf", "-rfE")
     assert done.failed == EXPECTED_FAILURES, done.stdout[-3000:]
     assert done.passed == 11 - len(done.failed), done.stdout[-3000:]  # STEP-7 passes on GPT-2
+    assert done.skipped == 2, done.stdout[-3000:]  # STEP-8 not run: no sampling_run yet
 
 
 CHECK = """

@@ -1,4 +1,4 @@
-"""The trainer-step tier (spec STEP-1..7): an optional adapter capability that runs one
+"""The trainer-step tier (spec STEP-1..8): an optional adapter capability that runs one
 optimisation step of a library's own training code on a tiny model and a fixed batch.
 
 The op contract (:mod:`ppo_ref.adapters.base`) calls a library's loss functions one at a time; the
@@ -12,7 +12,10 @@ the library's own rollout-to-advantage and loss-and-backward path, and returns a
 statistics the library logs, and the library's own per-row outputs (:data:`OUTPUTS`) from which
 STEP-5 measures the rows it treated as truncated. STEP-6 runs the library's gradient-accumulation
 setting (the runner's optional ``accumulation_setting``); STEP-7 runs STEP-3's left padding again on a
-model of the position scheme the runner's own lacks (its optional ``family`` and ``with_family``).
+model of the position scheme the runner's own lacks (its optional ``family`` and ``with_family``);
+STEP-8 runs the library's rollout correction on a rollout the suite sampled with top-k / top-p
+(:mod:`ppo_ref.adapters.step_sampling`: the runner's optional ``sampling_convention``,
+``policy_logits`` and ``sampling_run``).
 :mod:`ppo_ref.adapters.step_kit` holds what every
 runner needs besides the library call; :mod:`ppo_ref.adapters.step_check` runs the tier at a user's
 own TRL or verl settings (``ppo-ref step-check``). The batch, result and runner types and the tier's
@@ -41,6 +44,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ppo_ref.adapters.step_sampling import (
+    SAMPLING_CONVENTIONS,
+    SAMPLINGS,
+    SampledRollout,
+    sampled_rollout,
+    sampling_convention,
+    sampling_declaration_problems,
+    sampling_not_provided,
+    sampling_problems,
+)
 from ppo_ref.adapters.step_types import (
     ACCUMULATION_STEPS,
     OUTPUTS,
@@ -62,10 +75,13 @@ __all__ = [
     "POSITION_SCHEMES",
     "RATIO_TOLERANCE",
     "RELATIVE_TOLERANCE",
+    "SAMPLINGS",
+    "SAMPLING_CONVENTIONS",
     "STEP_STATISTICS",
     "SUITE_BUDGET",
     "SUITE_PROMPT_LENGTH",
     "LengthPenalty",
+    "SampledRollout",
     "StepBatch",
     "StepMove",
     "StepResult",
@@ -78,6 +94,10 @@ __all__ = [
     "gradient_difference",
     "other_position_scheme",
     "runner_family",
+    "sampled_rollout",
+    "sampling_convention",
+    "sampling_not_provided",
+    "sampling_problems",
     "step_problems",
     "step_runner",
     "treated_as_truncated",
@@ -150,10 +170,10 @@ def family_not_provided(runner: object, family: str) -> str | None:
 def clause_not_judged(runner: object, clause: str) -> str | None:
     """Why the step tier leaves ``clause`` unjudged for ``runner``, known before anything runs: the
     skip message, ``"not provided: ..."`` where the runner declares that its library lacks what the
-    clause checks (STEP-5, STEP-6, STEP-7) and ``"not run: ..."`` where the runner cannot reach it
-    (STEP-7), or None. The suite's step tests and the clause's hand cases both skip with it, so a
-    declaration never turns into a pass through a hand case. (STEP-5 still runs first, to check a
-    declared absence of truncation handling against the library's outputs.)"""
+    clause checks (STEP-5, STEP-6, STEP-7, STEP-8) and ``"not run: ..."`` where the runner cannot
+    reach it (STEP-7, STEP-8), or None. The suite's step tests and the clause's hand cases both skip
+    with it, so a declaration never turns into a pass through a hand case. (STEP-5 still runs
+    first, to check a declared absence of truncation handling against the library's outputs.)"""
     name = getattr(runner, "name", "the runner")
     if clause == "STEP-5":
         reason = truncation_not_provided(runner)
@@ -169,6 +189,8 @@ def clause_not_judged(runner: object, clause: str) -> str | None:
         if accumulation_setting(runner) is None:
             return f"not provided: {name}'s runner declares no accumulation_setting (spec STEP-6)"
         return None
+    if clause == "STEP-8":
+        return _sampling_not_judged(runner, name)
     if clause != "STEP-7":
         return None
     own = runner_family(runner)
@@ -185,6 +207,21 @@ def clause_not_judged(runner: object, clause: str) -> str | None:
         return (
             f"not run: the runner builds only its {own} model (no with_family), so left padding was "
             f"not checked on a model with {scheme} positions"
+        )
+    return None
+
+
+def _sampling_not_judged(runner: object, name: str) -> str | None:
+    reason = sampling_not_provided(runner)
+    if reason is not None:
+        return f"not provided: {name}'s rollout samples without top-k / top-p: {reason}"
+    if sampling_convention(runner) is None:
+        return f"not run: {name}'s runner declares no sampling_convention (spec STEP-8)"
+    missing = [m for m in ("policy_logits", "sampling_run") if getattr(runner, m, None) is None]
+    if missing:
+        return (
+            f"not run: {name}'s runner has no {' and no '.join(missing)}, so its library's rollout "
+            "correction was not run on a top-k / top-p rollout"
         )
     return None
 
@@ -223,6 +260,7 @@ def step_problems(runner: object) -> list[str]:
             )
     problems += _accumulation_problems(runner)
     problems += _family_problems(runner)
+    problems += sampling_declaration_problems(runner)
     return problems
 
 

@@ -1,4 +1,4 @@
-"""The step-runner kit: what every trainer-step runner (spec STEP-1..7) needs besides the library call.
+"""The step-runner kit: what every trainer-step runner (spec STEP-1..8) needs besides the library call.
 
 A runner (:class:`ppo_ref.adapters.step.StepRunner`) feeds the suite's fixed batch to a library's
 own training step. This module holds the parts that do not depend on the library, so that a runner
@@ -47,6 +47,7 @@ __all__ = [
     "Padded",
     "RowOrder",
     "check_run",
+    "completion_logits",
     "family_of",
     "gradient_of",
     "padded",
@@ -207,6 +208,24 @@ def tiny_model(config: Any, seed: int = 0, *, head: str = "lm", dtype: torch.dty
             config, dtype=torch.float32
         )
     return model if dtype is None else model.to(dtype)
+
+
+def completion_logits(model: Any, batch: StepBatch, temperature: float = 1.0) -> Tensor:
+    """(B, L, V) float64: ``model``'s logits divided by ``temperature`` at each completion position
+    of ``batch`` (position t predicts completion token t; L the longest completion), with the
+    prompts left-padded and ``position_ids = cumsum(mask) - 1``, without gradient: a runner's
+    ``policy_logits`` (STEP-8) for a library whose model loads in transformers."""
+    if not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not temperature > 0:
+        raise ValueError(f"temperature: expected a number > 0, got {temperature!r}")
+    layout = padded(batch)
+    mask = layout.attention_mask
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=layout.input_ids, attention_mask=mask, position_ids=positions).logits
+    start = layout.prompt_ids.shape[1] - 1
+    width = layout.response_ids.shape[1]
+    scaled: Tensor = logits[:, start : start + width].double() / temperature
+    return scaled
 
 
 def save_tiny(directory: str, config: Any, seed: int = 0, tokenizer: Any = None) -> str:

@@ -1,4 +1,4 @@
-"""Trainer-step tier for ppo-ref's own trainer (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for ppo-ref's own trainer (spec STEP-1..8; contract :mod:`ppo_ref.adapters.step`).
 
 Each run goes through the trainer's code, stage by stage: the response mask and stop reason of
 the generator (:func:`ppo_ref.trainer.generation.first_eos_mask`, limited to the token budget as
@@ -18,6 +18,11 @@ response mask (``loss_mask``) and stage 6's advantages; :meth:`MineStep.truncati
 
 STEP-6: the trainer's gradient-accumulation setting is ``micro_batch_size`` (:data:`ACCUMULATION`):
 the runner's micro-batches are its accumulation steps, so STEP-6 reads ``run(micro_batches=k)``.
+
+STEP-8: :meth:`MineStep.sampling_run` runs stage 5c's rollout correction (``token-truncate``) on
+the suite's top-k / top-p rollout: the sampler's log-probs as the rollout's, its kept-set sizes as
+the generator records them (``Generated.kept_counts``), stage 4's forward replaying them
+(``kept_logmass``), then the step with the weights on the advantages. Convention ``"truncated"``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ppo_ref.adapters.step import StepBatch, StepResult
+from ppo_ref.adapters.step import SampledRollout, StepBatch, StepResult
 from ppo_ref.adapters.step_kit import check_run, gradient_of, padded, step_result, tiny_config, tiny_model
 from ppo_ref.aggregation import LOSS_AGGREGATIONS
 
@@ -61,11 +66,13 @@ class MineStep:
     loss_modes = LOSS_MODES
     micro_batch_local: Mapping[str, str] = MappingProxyType({})
     accumulation_setting = ACCUMULATION
+    sampling_convention = "truncated"
     provenance = (
         "ppo_ref.trainer: generation.first_eos_mask, ActorCritic.response_outputs (stage 4), "
         "token_rewards (stage 5), ADVANTAGE_ESTIMATORS['grpo'] / ['gae'] (stage 6), "
         "update.minibatch_backward with micro_batch_size (stage 7); outputs: the rollout's mask and "
-        "stage 6's advantages"
+        "stage 6's advantages; STEP-8: ActorCritic.response_outputs(kept_counts=...) and "
+        "update.correction_weights (stage 5c)"
     )
 
     def __init__(self, seed: int = 0, family: str = "gpt2") -> None:
@@ -110,11 +117,18 @@ class MineStep:
         return TrainerConfig(**values)
 
     def _rollout(
-        self, batch: StepBatch, actor_critic: Any, config: Any, pad_to: int | None, pad_fill: int | None
+        self,
+        batch: StepBatch,
+        actor_critic: Any,
+        config: Any,
+        pad_to: int | None,
+        pad_fill: int | None,
+        sampled: SampledRollout | None = None,
     ) -> Any:
         from ppo_ref import token_rewards
         from ppo_ref.trainer.data import Rollout, ScoredBatch, SequenceBatch
         from ppo_ref.trainer.generation import first_eos_mask
+        from ppo_ref.trainer.update import correction_weights
 
         rows = batch.size
         prompts = [batch.prompt_ids[i // batch.group_size] for i in range(rows)]
@@ -125,8 +139,16 @@ class MineStep:
         # the generator writes at most max_new_tokens columns; padding beyond them is never an action
         mask = eos_mask & (torch.arange(width_r).unsqueeze(0) < lengths.unsqueeze(1))
         sequences = SequenceBatch.build(layout.prompt_ids, layout.prompt_mask, response_ids, mask)
+        counts = None if sampled is None else sampled.kept_counts(width_r)
         with torch.no_grad():
-            old = actor_critic.response_outputs(sequences, config.temperature, need_values=False).logprobs
+            outputs = actor_critic.response_outputs(
+                sequences, config.temperature, need_values=False, kept_counts=counts
+            )
+        old = outputs.logprobs
+        rollout_logprobs = weights = None
+        if sampled is not None:  # stage 5c, with the sampler's log-probs
+            rollout_logprobs = sampled.padded("logprobs", width_r).to(old.dtype)
+            weights = correction_weights(config, old, rollout_logprobs, mask, outputs.kept_logmass)
         scores = torch.tensor(batch.scores, dtype=old.dtype)
         rewards = token_rewards(scores, old, old, mask, 0.0)
         zeros = torch.zeros_like(old)
@@ -150,6 +172,8 @@ class MineStep:
             raw_advantages=zeros,
             returns=zeros,
             advantages=zeros,
+            rollout_logprobs=rollout_logprobs,
+            correction_weights=weights,
         )
 
     def run(
@@ -162,17 +186,33 @@ class MineStep:
         pad_fill: int | None = None,
     ) -> StepResult:
         """One stage-7 step of the trainer on ``batch`` (module docstring)."""
+        check_run(batch, loss_mode, LOSS_MODES, micro_batches, pad_to, pad_fill)
+        config = self._config(batch, micro_batches, **_mode_settings(loss_mode))
+        return self._step(batch, config, pad_to, pad_fill)
+
+    def _step(
+        self,
+        batch: StepBatch,
+        config: Any,
+        pad_to: int | None,
+        pad_fill: int | None,
+        sampled: SampledRollout | None = None,
+    ) -> StepResult:
         from ppo_ref.trainer.data import TrainingBatch
         from ppo_ref.trainer.estimators import ADVANTAGE_ESTIMATORS
         from ppo_ref.trainer.update import minibatch_backward
 
-        check_run(batch, loss_mode, LOSS_MODES, micro_batches, pad_to, pad_fill)
-        config = self._config(batch, micro_batches, **_mode_settings(loss_mode))
         actor_critic = self._actor_critic(batch.vocab_size)
-        rollout = self._rollout(batch, actor_critic, config, pad_to, pad_fill)
+        rollout = self._rollout(batch, actor_critic, config, pad_to, pad_fill, sampled)
         advantages, returns = ADVANTAGE_ESTIMATORS["grpo"](rollout, config)
         training = TrainingBatch(
-            rollout.sequences, rollout.mask, rollout.old_logprobs, rollout.values, advantages, returns
+            rollout.sequences,
+            rollout.mask,
+            rollout.old_logprobs,
+            rollout.values,
+            advantages,
+            returns,
+            correction_weights=rollout.correction_weights,
         )
         losses: list[Tensor] = []
 
@@ -187,7 +227,44 @@ class MineStep:
             "approx_kl": result.approx_kl,
         }
         outputs = {"loss_mask": rollout.mask, "advantages": advantages}
+        if rollout.correction_weights is not None:
+            outputs["correction_weights"] = rollout.correction_weights
         return step_result(gradient_of(actor_critic.policy.named_parameters()), losses, stats, outputs)
+
+    def policy_logits(self, batch: StepBatch) -> Tensor:
+        """(B, L, V) the policy's logits before any update at each completion position of ``batch``
+        (position t predicts completion token t), divided by the temperature (1: the trainer's
+        default), from stage 4's forward (left-padded prompts, position ids from the mask)."""
+        from ppo_ref.trainer.data import SequenceBatch
+        from ppo_ref.trainer.models import _logprobs_and_logits
+
+        temperature = self._config(batch, 1).temperature
+        layout = padded(batch)
+        sequences = SequenceBatch.build(
+            layout.prompt_ids, layout.prompt_mask, layout.response_ids, layout.response_mask.bool()
+        )
+        with torch.no_grad():
+            logits: Tensor = _logprobs_and_logits(
+                self._actor_critic(batch.vocab_size).policy, sequences, temperature
+            )[1]
+        scaled: Tensor = logits[:, :-1].double() / temperature
+        return scaled
+
+    def sampling_run(self, sampled: SampledRollout) -> StepResult:
+        """One step (``token-mean``) with stage 5c's ``token-truncate`` correction on ``sampled``,
+        the suite's top-k / top-p rollout; the trainer samples with the same ``top_k`` / ``top_p``."""
+        if not isinstance(sampled, SampledRollout):
+            raise ValueError(f"sampled: expected a SampledRollout, got {type(sampled).__name__}")
+        batch = sampled.batch
+        config = self._config(
+            batch,
+            1,
+            rollout_correction="token-truncate",
+            top_k=sampled.top_k,
+            top_p=sampled.top_p,
+            **_mode_settings("token-mean"),
+        )
+        return self._step(batch, config, None, None, sampled)
 
     def truncation_run(self, batch: StepBatch) -> StepResult:
         """Stage 6's ``gae`` advantages (``truncation = "bootstrap"``) with the critic's bootstrap

@@ -56,9 +56,12 @@ OUTPUTS: Mapping[str, str] = {
     "advantages": "(B, T) the library's advantages of each row's completion tokens",
     "advantages_bootstrapped": "(B, T) the same advantages with the value after each row's last token "
     "set to 1 instead of 0: a row whose advantages move is treated as truncated (bootstrapped)",
+    "correction_weights": "(B, T) the library's rollout-correction weights of each row's completion "
+    "tokens, before they multiply the loss (STEP-8's sampling_run)",
 }
 """The library's own per-row outputs a :class:`StepResult` may carry (rows in batch order), from
-which STEP-5 derives the rows the library treated as truncated (:func:`treated_as_truncated`)."""
+which STEP-5 derives the rows the library treated as truncated (:func:`treated_as_truncated`) and
+STEP-8 reads the correction weights."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +285,19 @@ class StepRunner(Protocol):
     the optional mapping ``family_not_provided`` (family -> the reason, naming the library's file
     and line): STEP-7 is then "not provided". A runner with no ``with_family`` gets "not run", never
     a pass.
+
+    STEP-8 (a rollout sampled with top-k / top-p) reads the optional attribute
+    ``sampling_convention`` (``"full"`` or ``"truncated"``: the support of the old log-probs the
+    library's rollout correction compares with the sampler's, :mod:`ppo_ref.adapters.step_sampling`)
+    and calls two optional methods: ``policy_logits(batch)``, (B, L, V) logits of the runner's model
+    before any update at each completion position, divided by the library's sampling temperature
+    (the suite draws the rollout from them), and ``sampling_run(sampled)``, one step of the library
+    on the :class:`~ppo_ref.adapters.step_sampling.SampledRollout` with the sampler's log-probs fed
+    where the library takes them and its rollout correction on at the token level; its stats carry
+    ``max_abs_log_ratio`` and its outputs ``correction_weights`` (B, T), the weights before they
+    multiply the loss. A library whose rollout has no top-k / top-p says so in the optional attribute
+    ``sampling_not_provided`` (the reason, file and line): STEP-8 is then "not provided"; a runner
+    without the two methods gets "not run", never a pass.
     """
 
     @property

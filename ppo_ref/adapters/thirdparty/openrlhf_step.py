@@ -1,4 +1,4 @@
-"""Trainer-step tier for OpenRLHF 0.11.2 (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for OpenRLHF 0.11.2 (spec STEP-1..8; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through OpenRLHF's own code, in this process, on the CPU (file:line of the installed
 release, ``openrlhf/...``):

@@ -1,4 +1,4 @@
-"""Trainer-step tier for RLinf 0.3.0 (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for RLinf 0.3.0 (spec STEP-1..8; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through RLinf's reasoning actor, ``rlinf.workers.actor.fsdp_actor_worker.FSDPActor``,
 in this process, on the CPU:

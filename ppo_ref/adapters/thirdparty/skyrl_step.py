@@ -1,4 +1,4 @@
-"""Trainer-step tier for skyrl 0.4.0 (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for skyrl 0.4.0 (spec STEP-1..8; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through skyrl's own trainer and worker code, in this process, on the CPU (file:line of
 the installed release, ``skyrl/...``), in the order of ``RayPPOTrainer.train``'s step

@@ -1,4 +1,4 @@
-"""Trainer-step tier for ms-swift 4.6.0's ``GRPOTrainer`` (spec STEP-1..7; contract
+"""Trainer-step tier for ms-swift 4.6.0's ``GRPOTrainer`` (spec STEP-1..8; contract
 :mod:`ppo_ref.adapters.step`).
 
 Every run goes through ms-swift's own pipeline and trainer, in this process, on the CPU (file:line of

@@ -1,4 +1,4 @@
-"""Trainer-step tier for TRL 1.16's ``GRPOTrainer`` (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for TRL 1.16's ``GRPOTrainer`` (spec STEP-1..8; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through the trainer's own code: ``GRPOTrainer.train()`` for one optimizer step
 (``max_steps=1``) whose completions come from the public ``rollout_func`` argument (it returns
@@ -303,6 +303,11 @@ class TrlPpoStep:
         "PPOConfig.gradient_accumulation_steps (trl/experimental/ppo/ppo_trainer.py:460 "
         "Accelerator(gradient_accumulation_steps=...); train() wraps each micro-batch in "
         "accelerator.accumulate and calls optimizer.step, :810, :849), run with accelerate's defaults"
+    )
+    sampling_not_provided = (
+        "PPOConfig has no top_k or top_p, and train() samples with generation_kwargs that set top_k 0.0 "
+        "and top_p 1.0 (trl/experimental/ppo/ppo_trainer.py:620-627), which override the model's "
+        "generation_config (:687)"
     )
     provenance = (
         "trl.experimental.ppo.PPOTrainer.train (one iteration; batch_generation replaced by the fixed "

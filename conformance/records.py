@@ -37,6 +37,10 @@ class TestRecord:
     suggestions: tuple[str, ...] = ()
     """For a failing test: declarations that widen a tolerance or change the inputs, under which it
     passes (``declaration  # why``)."""
+    step_conventions: tuple[tuple[str, str, str], ...] = ()
+    """For a passing trainer-step test: the conventions its runner declares that the test applied,
+    ``(key, value, source)`` (its ``record_property("step_convention", ...)``), which make the
+    clause's verdict ``declared convention``."""
 
 
 SUITE_DIR = Path(__file__).resolve().parent

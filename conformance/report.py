@@ -151,6 +151,11 @@ class ConformanceRecorder:
             record.outcome, record.message = "skipped", _skip_reason(report)
         elif report.when == "call" and report.passed:
             record.outcome = "passed"
+            record.step_conventions = tuple(
+                (str(value[0]), str(value[1]), str(value[2]))
+                for name, value in report.user_properties
+                if name == "step_convention" and isinstance(value, tuple) and len(value) == 3
+            )
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.inference is not None and self.inference.reruns:

@@ -171,6 +171,7 @@ def test_step2_micro_batches_give_the_whole_batch_gradient(
     for failure in declared:  # a documented micro-batch-local mode: measured and shown
         mode = failure.split(":")[0]
         record_property("step_declared", f"{failure} [declared: {runner.micro_batch_local[mode]}]")
+        record_property("step_convention", ("micro_batch_local", mode, runner.micro_batch_local[mode]))
     failures = [f for f in failures if f not in declared]
     assert not failures, "\n".join(failures)
 
@@ -257,6 +258,8 @@ def test_step5_only_rows_cut_at_the_budget_are_truncated(
             f"{runner.name}: rewards measured against score + {convention.source} (L_cache "
             f"{convention.buffer}, L_max {batch.budget}); against the score alone: rows {plain}",
         )
+        value = f"LengthPenalty(buffer={convention.buffer}, factor={convention.factor:g})"
+        record_property("step_convention", ("truncation_convention", value, convention.source))
     problems = truncation_problems(batch, result, None if claim is None else tuple(claim(batch)), convention)
     assert not problems, "\n".join(problems)
 
@@ -305,6 +308,7 @@ def test_step6_accumulation_steps_give_the_whole_batch_step(
         text = f"{mode}: {k} accumulation steps against the whole batch: {'; '.join(problems)}"
         if mode in runner.micro_batch_local and steps in (None, 1):  # documented local normalisation
             record_property("step_declared", f"{text} [declared: {runner.micro_batch_local[mode]}]")
+            record_property("step_convention", ("micro_batch_local", mode, runner.micro_batch_local[mode]))
         else:
             failures.append(text)
     assert not failures, "\n".join(failures)
@@ -340,4 +344,9 @@ def test_step8_correction_on_a_truncated_rollout(
             "log-probs over the whole vocabulary against the sampler's renormalised ones, TRL #6789); "
             + measure,
         )
+        source = (
+            "the correction compares the library's full-vocabulary old log-probs with the sampler's "
+            f"renormalised ones, so each weight is the kept mass S (TRL #6789); measured: {measure}"
+        )
+        record_property("step_convention", ("sampling_convention", "full", source))
     assert not problems, "\n".join(problems)

@@ -5,7 +5,9 @@ Verdicts, per clause:
 
 - ``fail``: at least one test of the clause failed;
 - ``declared convention``: its tests passed against the reference variant of a convention the
-  adapter declares (listed in the row);
+  adapter declares (listed in the row), or, for a trainer-step clause, under a convention its step
+  runner declares that the test applied (``micro_batch_local``, ``truncation_convention``, a
+  ``"full"`` ``sampling_convention``; the test's ``step_convention`` property);
 - ``matches undeclared convention``: tests of the clause failed, and every one of them passes (with
   every other test of the clause that calls the same ops) against the reference variant of a
   convention the adapter does not declare: the row gives the declaration to paste into the adapter
@@ -52,6 +54,10 @@ def _clause_entry(
     clause: str, title: str, records: list[TestRecord], declared: list[str], kind: str
 ) -> dict[str, Any]:
     counts = {name: sum(r.outcome == name for r in records) for name in ("passed", "failed", "skipped")}
+    applied = [
+        f"{key}={value}" for r in records if r.outcome == "passed" for key, value, _ in r.step_conventions
+    ]
+    declared = list(dict.fromkeys([*declared, *applied]))
     matched = [r for r in records if r.outcome == "matched"]
     counts["passed"] += len(matched)  # a test a convention explains passes against its variant
     failed = [r for r in records if r.outcome == "failed"]
@@ -89,6 +95,16 @@ def _clause_entry(
         "failure_under_declared": matched[0].message if matched and not failed else "",
         "suggestions": list(dict.fromkeys(s for r in failed for s in r.suggestions)),
     }
+
+
+def _step_conventions(records: list[TestRecord]) -> dict[str, dict[str, str]]:
+    """The step runner's conventions the passing step tests applied: key -> value and source."""
+    found: dict[str, dict[str, str]] = {}
+    for record in records:
+        if record.outcome == "passed":
+            for key, value, source in record.step_conventions:
+                found.setdefault(key, {"value": value, "source": source})
+    return found
 
 
 def build_report(
@@ -129,6 +145,7 @@ def build_report(
             "provenance": str(getattr(adapter, "provenance", "?")),
             "ops": sorted(getattr(adapter, "ops", ()) or ()),
             "declared_conventions": {k: describe(v) for k, v in context.conventions.deviations().items()},
+            "step_conventions": _step_conventions(records),
             "contract_problems": problems,
         },
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

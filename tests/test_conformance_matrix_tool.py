@@ -431,3 +431,47 @@ def test_shrink_is_the_suites_own_option() -> None:
     shrunk = run.suite_command("mine", Path("build/x"), 7, shrink=True)
     assert "--conformance-shrink" not in plain and "tools.conformance_matrix" not in plain
     assert shrunk == [*plain, "--conformance-examples=7", "--conformance-shrink"]
+
+
+def test_a_step_runners_declared_convention_is_labelled_with_its_source() -> None:
+    """A trainer-step clause passed under a convention the step runner declares (issue 22: STEP-8's
+    "full" support) reads "declared convention", linked to the source its test recorded."""
+    from conformance.records import TestRecord
+    from conformance.verdicts import _clause_entry, _step_conventions
+
+    applied = (
+        "sampling_convention",
+        "full",
+        "weights are the kept mass S (TRL #6789); measured: S mean 0.84",
+    )
+    records = [
+        TestRecord(
+            "conformance/test_step_tier.py::test_step8[0-0.8]",
+            ("STEP-8",),
+            "passed",
+            step_conventions=(applied,),
+        ),
+        TestRecord(
+            "conformance/test_step_tier.py::test_step8[4-1.0]",
+            ("STEP-8",),
+            "passed",
+            step_conventions=(applied,),
+        ),
+    ]
+    entry = _clause_entry("STEP-8", "A rollout sampled with top-k or top-p", records, [], "value")
+    assert entry["verdict"] == "declared convention"
+    assert entry["declared_conventions"] == ["sampling_convention=full"]
+    plain = _clause_entry("STEP-8", "t", [TestRecord("t", ("STEP-8",), "passed")], [], "value")
+    assert plain["verdict"] == "pass" and plain["declared_conventions"] == []
+    failed = TestRecord("t2", ("STEP-8",), "failed", "weights differ")
+    assert _clause_entry("STEP-8", "t", [*records, failed], [], "value")["verdict"] == "fail"
+    report = _report(
+        "lib", [_clause("STEP-8", "declared convention", declared_conventions=["sampling_convention=full"])]
+    )
+    report["implementation"]["step_conventions"] = _step_conventions(records)
+    text = render_markdown(build_matrix({"lib": report}, _findings()))
+    assert "declared convention ([sampling_convention](#lib-convention-sampling-convention))" in text
+    assert (
+        '<a id="lib-convention-sampling-convention"></a>`sampling_convention=full`: weights are the kept'
+        in text
+    )

@@ -174,13 +174,17 @@ def test_step8_shows_a_declared_full_support_and_fails_a_mixed_ratio() -> None:
     from conformance import test_step_tier as tier
 
     batch = _batch()
-    declared: list[object] = []
+    recorded: list[tuple[str, object]] = []
     tier.test_step8_correction_on_a_truncated_rollout(
-        _FullSupport(), batch, 0, 0.8, lambda k, v: declared.append(v) if k == "step_declared" else None
+        _FullSupport(), batch, 0, 0.8, lambda k, v: recorded.append((k, v))
     )
+    declared = [v for k, v in recorded if k == "step_declared"]
     assert len(declared) == 1 and "the correction weights are the kept mass S (declared 'full'" in str(
         declared[0]
     )
+    # the report turns the clause's verdict into "declared convention", with this source
+    [(key, value, source)] = [v for k, v in recorded if k == "step_convention"]  # type: ignore[misc]
+    assert (key, value) == ("sampling_convention", "full") and "kept mass S (TRL #6789); measured: " in source
     with pytest.raises(
         AssertionError, match=r"top_k 4, top_p 1: max \|logp - old_logp\| = .* not on one support"
     ):

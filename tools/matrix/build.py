@@ -57,8 +57,15 @@ def _column(report: Mapping[str, Any]) -> dict[str, Any]:
         "summary": report["summary"],
         "provenance": impl["provenance"],
         "ops": impl["ops"],
-        "declared_conventions": impl["declared_conventions"],
-        "convention_sources": metadata.get("convention_sources", {}),
+        # the op conventions the adapter declares, then those its step runner declares (issue 22)
+        "declared_conventions": {
+            **impl["declared_conventions"],
+            **{k: d["value"] for k, d in impl.get("step_conventions", {}).items()},
+        },
+        "convention_sources": {
+            **metadata.get("convention_sources", {}),
+            **{k: d["source"] for k, d in impl.get("step_conventions", {}).items()},
+        },
         "not_provided": metadata.get("not_provided", {}),
         "contract_problems": impl["contract_problems"],
         "command": report["command"],

@@ -264,17 +264,26 @@ def test_step8_not_provided_not_run_and_bad_declarations_are_named() -> None:
 
 
 def test_completion_logits_match_the_trainer_forward() -> None:
-    """The kit's ``completion_logits`` (a runner's ``policy_logits`` for a model transformers loads)
-    gives the logits of ppo-ref's stage-4 forward on the same weights: left-padded prompts, position
+    """The kit's ``completion_logits`` (every runner's ``policy_logits``, ppo-ref's included) give
+    the log-probs of ppo-ref's stage-4 forward on the same weights: left-padded prompts, position
     ids from the mask, position t predicting completion token t; and it checks its temperature."""
-    from ppo_ref.adapters.step_kit import completion_logits, tiny_config, tiny_model
+    from ppo_ref.adapters.step_kit import completion_logits, padded
+    from ppo_ref.trainer.data import SequenceBatch
 
     batch = _batch()
-    with torch.random.fork_rng(devices=[]):
-        model = tiny_model(tiny_config("gpt2", batch.vocab_size, bos_id=1), 0, dtype=torch.float64)
-    ours = completion_logits(model.eval(), batch, 1.0)
-    assert ours.shape == (batch.size, batch.budget, batch.vocab_size) and ours.dtype == torch.float64
-    torch.testing.assert_close(ours, MineStep().policy_logits(batch), rtol=0, atol=1e-12)
-    torch.testing.assert_close(completion_logits(model, batch, 0.5), 2 * ours, rtol=0, atol=1e-12)
+    runner = MineStep()
+    logits = runner.policy_logits(batch)
+    assert logits.shape == (batch.size, batch.budget, batch.vocab_size) and logits.dtype == torch.float64
+    layout = padded(batch)
+    sequences = SequenceBatch.build(
+        layout.prompt_ids, layout.prompt_mask, layout.response_ids, layout.response_mask.bool()
+    )
+    with torch.no_grad():
+        stage4 = runner._actor_critic(batch.vocab_size).response_outputs(sequences, 1.0, need_values=False)
+    ours = torch.log_softmax(logits, -1).gather(-1, layout.response_ids.unsqueeze(-1)).squeeze(-1)
+    mask = layout.response_mask.bool()
+    torch.testing.assert_close(ours[mask], stage4.logprobs[mask].double(), rtol=0, atol=1e-12)
+    model = runner._actor_critic(batch.vocab_size).policy
+    torch.testing.assert_close(completion_logits(model, batch, 0.5), 2 * logits, rtol=0, atol=1e-12)
     with pytest.raises(ValueError, match=r"^temperature: expected a number > 0"):
         completion_logits(model, batch, 0.0)

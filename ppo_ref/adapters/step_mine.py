@@ -36,7 +36,15 @@ import torch
 from torch import Tensor
 
 from ppo_ref.adapters.step import SampledRollout, StepBatch, StepResult
-from ppo_ref.adapters.step_kit import check_run, gradient_of, padded, step_result, tiny_config, tiny_model
+from ppo_ref.adapters.step_kit import (
+    check_run,
+    completion_logits,
+    gradient_of,
+    padded,
+    step_result,
+    tiny_config,
+    tiny_model,
+)
 from ppo_ref.aggregation import LOSS_AGGREGATIONS
 
 __all__ = ["MineStep", "make_step"]
@@ -234,21 +242,10 @@ class MineStep:
     def policy_logits(self, batch: StepBatch) -> Tensor:
         """(B, L, V) the policy's logits before any update at each completion position of ``batch``
         (position t predicts completion token t), divided by the temperature (1: the trainer's
-        default), from stage 4's forward (left-padded prompts, position ids from the mask)."""
-        from ppo_ref.trainer.data import SequenceBatch
-        from ppo_ref.trainer.models import _logprobs_and_logits
-
-        temperature = self._config(batch, 1).temperature
-        layout = padded(batch)
-        sequences = SequenceBatch.build(
-            layout.prompt_ids, layout.prompt_mask, layout.response_ids, layout.response_mask.bool()
-        )
-        with torch.no_grad():
-            logits: Tensor = _logprobs_and_logits(
-                self._actor_critic(batch.vocab_size).policy, sequences, temperature
-            )[1]
-        scaled: Tensor = logits[:, :-1].double() / temperature
-        return scaled
+        default), laid out as stage 4's forward has them (left-padded prompts, position ids from
+        the mask; :func:`~ppo_ref.adapters.step_kit.completion_logits`)."""
+        policy = self._actor_critic(batch.vocab_size).policy
+        return completion_logits(policy.eval(), batch, self._config(batch, 1).temperature)
 
     def sampling_run(self, sampled: SampledRollout) -> StepResult:
         """One step (``token-mean``) with stage 5c's ``token-truncate`` correction on ``sampled``,

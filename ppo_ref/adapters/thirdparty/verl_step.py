@@ -1,4 +1,4 @@
-"""Trainer-step tier for verl 0.9.1 (spec STEP-1..7; contract :mod:`ppo_ref.adapters.step`).
+"""Trainer-step tier for verl 0.9.1 (spec STEP-1..8; contract :mod:`ppo_ref.adapters.step`).
 
 Every run goes through verl's own trainer code, in this process, on the CPU:
 
@@ -45,6 +45,17 @@ equation is written (Yu et al. 2025, Sec. 3.4, R_length(y): ``|y| = L_max`` give
 response ended with EOS there or was cut); the runner declares it, and STEP-5 expects every row's
 reward to be its score plus that penalty.
 
+STEP-8 (:meth:`VerlStep.sampling_run`): the suite's top-k / top-p rollout log-probs go in as the
+batch's ``rollout_log_probs`` (what verl's agent loop stores when ``rollout.calculate_log_probs`` is
+on, vLLM's ``processed_logprobs``), and the trainer's own correction call runs after the old
+log-probs, as ``RayPPOTrainer.fit`` makes it in its default decoupled mode:
+``rollout_corr_helper.compute_rollout_correction_and_add_to_batch`` with the trainer config's
+``algorithm.rollout_correction`` (``_generated_ppo_trainer.yaml``) and ``rollout_is: token``; its
+``rollout_is_weights`` reach ``ppo_loss`` and are the output ``correction_weights``. Convention
+``"full"``: the old log-probs are the FSDP engine's full-vocabulary ``logprobs_from_logits``
+(workers/engine/fsdp/transformer_impl.py:1428) and the weight is ``exp(old_log_prob -
+rollout_log_prob)`` (trainer/ppo/rollout_corr_helper.py:849).
+
 Statistics: ``max_abs_log_ratio`` over the loss's micro-batches (read from the ``model_output``
 and ``old_log_probs`` that ``ppo_loss`` receives), ``clipfrac`` = verl's logged
 ``actor/pg_clipfrac``, ``approx_kl`` = ``actor/ppo_kl`` (means over the micro-batches).
@@ -61,9 +72,18 @@ from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from ppo_ref.adapters.step import LengthPenalty, StepBatch, StepResult
-from ppo_ref.adapters.step_kit import check_run, gradient_of, padded, save_tiny, step_result, tiny_config
+from ppo_ref.adapters.step import LengthPenalty, SampledRollout, StepBatch, StepResult
+from ppo_ref.adapters.step_kit import (
+    check_run,
+    completion_logits,
+    gradient_of,
+    padded,
+    save_tiny,
+    step_result,
+    tiny_config,
+)
 
 __all__ = ["LOSS_MODES", "TRUNCATION_CONVENTION", "VerlStep", "VerlStepAdapter", "make_adapter", "make_step"]
 
@@ -213,6 +233,7 @@ class VerlStep:
         "micro-batch with the mini-batch's global token count, one optimizer_step per mini-batch)"
     )
     truncation_convention = TRUNCATION_CONVENTION
+    sampling_convention = "full"
     provenance = (
         "verl RayPPOTrainer._compute_old_log_prob and _update_actor (left_right_2_no_padding, "
         "TrainingWorker.infer_batch/train_mini_batch/train_batch, FSDPEngine.forward_backward_batch with "
@@ -224,7 +245,10 @@ class VerlStep:
         "advantages by ray_trainer.compute_advantage (GRPO); FSDP2 engine on a gloo group of 1; gradient "
         "read at optimizer_step. Stand-ins: a CPU platform (platform_manager.set_platform) and "
         "VERL_ENGINE_DEVICE=cuda; the runner as the actor worker group (TrainingWorker in process, no Ray); "
-        "RewardLoopWorker.compute_score_batch awaited in process (not a Ray actor)"
+        "RewardLoopWorker.compute_score_batch awaited in process (not a Ray actor). STEP-8: "
+        "rollout_log_probs in the batch, rollout_corr_helper.compute_rollout_correction_and_add_to_batch "
+        "(algorithm.rollout_correction, rollout_is token) between _compute_old_log_prob and the advantages; "
+        "policy_logits from the saved tiny model loaded again by transformers (float32, eager)"
     )
 
     family_not_provided: Mapping[str, str] = MappingProxyType(
@@ -415,6 +439,24 @@ class VerlStep:
 
     # --- the step ---
 
+    def policy_logits(self, batch: StepBatch) -> Tensor:
+        """(B, L, V) the tiny model's logits at each completion position (temperature 1, the
+        runner's), from the saved model loaded again by transformers (float32, eager attention)."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            self._model_path(batch.vocab_size), attn_implementation="eager", dtype=torch.float32
+        )
+        model.eval()  # type: ignore[no-untyped-call]
+        return completion_logits(model, batch, 1.0)
+
+    def sampling_run(self, sampled: SampledRollout) -> StepResult:
+        """One actor update (``token-mean``) on the suite's top-k / top-p rollout with verl's rollout
+        correction at the token level (module docstring, STEP-8)."""
+        if not isinstance(sampled, SampledRollout):
+            raise ValueError(f"sampled: expected a SampledRollout, got {type(sampled).__name__}")
+        return self._run(sampled.batch, "token-mean", 1, None, None, sampled)
+
     def run(
         self,
         batch: StepBatch,
@@ -425,6 +467,18 @@ class VerlStep:
         pad_fill: int | None = None,
     ) -> StepResult:
         """One actor update of verl's trainer on ``batch`` (module docstring)."""
+        check_run(batch, loss_mode, LOSS_MODES, micro_batches, pad_to, pad_fill)
+        return self._run(batch, loss_mode, micro_batches, pad_to, pad_fill)
+
+    def _run(
+        self,
+        batch: StepBatch,
+        loss_mode: str,
+        micro_batches: int,
+        pad_to: int | None,
+        pad_fill: int | None,
+        sampled: SampledRollout | None = None,
+    ) -> StepResult:
         OmegaConf = importlib.import_module("omegaconf").OmegaConf
         AdvantageEstimator = importlib.import_module("verl.trainer.ppo.core_algos").AdvantageEstimator
         RayPPOTrainer = importlib.import_module("verl.trainer.ppo.ray_trainer").RayPPOTrainer
@@ -432,7 +486,6 @@ class VerlStep:
         compute_response_mask = importlib.import_module("verl.trainer.ppo.ray_trainer").compute_response_mask
         no_padding_2_padding = importlib.import_module("verl.workers.utils.padding").no_padding_2_padding
 
-        check_run(batch, loss_mode, LOSS_MODES, micro_batches, pad_to, pad_fill)
         data = self._rollout(batch, pad_to, pad_fill)
         worker = self._worker(batch, loss_mode, micro_batches)
         record: dict[str, Any] = {"ratio": 0.0, "clip": [], "kl": [], "losses": []}
@@ -495,6 +548,17 @@ class VerlStep:
         data.meta_info["global_token_num"] = torch.sum(data.batch["attention_mask"], dim=-1).tolist()
         old, _ = RayPPOTrainer._compute_old_log_prob(trainer, data)
         data = data.union(old)
+        if sampled is not None:  # RayPPOTrainer.fit's decoupled-mode correction, before the advantages
+            helper = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
+            width = data.batch["responses"].shape[1]
+            data.batch["rollout_log_probs"] = sampled.padded("logprobs", width).float()
+            verl_dir = os.path.dirname(str(importlib.import_module("verl").__file__))
+            trainer_config = OmegaConf.load(
+                os.path.join(verl_dir, "trainer", "config", "_generated_ppo_trainer.yaml")
+            )
+            corr = trainer_config.algorithm.rollout_correction  # what fit() reads, rollout_is set
+            corr.rollout_is = "token"
+            data, _ = helper.compute_rollout_correction_and_add_to_batch(data, corr)
         data = compute_advantage(data, adv_estimator=AdvantageEstimator.GRPO, num_repeat=batch.group_size)
         output = RayPPOTrainer._update_actor(trainer, data)
         if "gradient" not in record:
@@ -514,6 +578,8 @@ class VerlStep:
             "rewards": data.batch["token_level_rewards"].sum(dim=1),
             "advantages": data.batch["advantages"],
         }
+        if sampled is not None:
+            outputs["correction_weights"] = data.batch["rollout_is_weights"]
         return step_result(record["gradient"], record["losses"], stats, outputs)
 
     def truncation_run(self, batch: StepBatch) -> StepResult:

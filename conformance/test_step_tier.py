@@ -130,6 +130,15 @@ def _compare(
     return failures
 
 
+def _skip_unless_judged(runner: StepRunner, clause: str) -> None:
+    """The contract, checked for ``clause`` too; then the skip (not provided / not run) where the
+    runner declares the clause's setting absent or cannot reach it (``clause_not_judged``)."""
+    assert step_problems(runner) == []
+    reason = clause_not_judged(runner, clause)
+    if reason is not None:
+        pytest.skip(reason)
+
+
 # Not STEP-5: a clause is "pass" once one of its tests passed, so this test would turn a STEP-5 that
 # the library does not provide (truncation_not_provided, or no per-row outputs) into a pass; the STEP-5
 # test checks the contract itself.
@@ -199,10 +208,7 @@ def test_step3_extra_prompt_padding(
 def test_step7_prompt_padding_on_the_other_position_scheme(
     runner: StepRunner, batch: StepBatch, record_property: Callable[[str, object], None]
 ) -> None:
-    assert step_problems(runner) == []  # the contract, for this clause too
-    reason = clause_not_judged(runner, "STEP-7")
-    if reason is not None:
-        pytest.skip(reason)
+    _skip_unless_judged(runner, "STEP-7")
     own = runner_family(runner)
     other = other_position_scheme(own) if own is not None else None
     assert other is not None  # else clause_not_judged gave a reason
@@ -272,10 +278,7 @@ def test_step6_accumulation_steps_give_the_whole_batch_step(
     accumulation_steps: int,
     record_property: Callable[[str, object], None],
 ) -> None:
-    assert step_problems(runner) == []  # the contract, for this clause too
-    reason = clause_not_judged(runner, "STEP-6")
-    if reason is not None:
-        pytest.skip(reason)
+    _skip_unless_judged(runner, "STEP-6")
     setting = accumulation_setting(runner)
     assert setting is not None  # else clause_not_judged gave a reason
     record_property("step_declared", f"{runner.name}: accumulation through {setting}")
@@ -327,10 +330,7 @@ def test_step8_correction_on_a_truncated_rollout(
     top_p: float,
     record_property: Callable[[str, object], None],
 ) -> None:
-    assert step_problems(runner) == []  # the contract, for this clause too
-    reason = clause_not_judged(runner, "STEP-8")
-    if reason is not None:
-        pytest.skip(reason)
+    _skip_unless_judged(runner, "STEP-8")
     convention = sampling_convention(runner)
     assert convention is not None  # else clause_not_judged gave a reason
     sampled = sampled_rollout(runner.policy_logits, batch, top_k, top_p)  # type: ignore[attr-defined]

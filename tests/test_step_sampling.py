@@ -94,8 +94,14 @@ def test_sampled_rollout_draws_from_the_kept_set_and_reports_log_q() -> None:
         )
         counts = sampled.kept_counts(8)
         assert counts.shape == (8, 8) and int(counts[0, 0]) == len(kept) and int(counts[0, 7]) == 1
-    with pytest.raises(ValueError, match=r"^logits_of: expected a \(B=8, L, V=16\) tensor"):
+    with pytest.raises(
+        ValueError, match=r"^logits_of: expected a \(B=8, L > 0, V=16\) tensor, got \(8, 1, 4\)"
+    ):
         sampled_rollout(lambda b: torch.zeros(8, 1, 4), template, 0, 0.8)
+    with pytest.raises(
+        ValueError, match=r"^logits_of: expected a \(B=8, L > 0, V=16\) tensor, got \(8, 0, 16\)"
+    ):
+        sampled_rollout(lambda b: torch.zeros(8, 0, 16), template, 0, 0.8)
     for args, name in (((None, template, 0, 0.8), "logits_of"), ((_table_logits, None, 0, 0.8), "template")):
         with pytest.raises(ValueError, match=rf"^{name}: expected"):
             sampled_rollout(*args)  # type: ignore[arg-type]

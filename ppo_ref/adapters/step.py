@@ -49,9 +49,6 @@ from ppo_ref.adapters.step_sampling import (
     SAMPLINGS,
     SampledRollout,
     sampled_rollout,
-    sampling_convention,
-    sampling_declaration_problems,
-    sampling_not_provided,
     sampling_problems,
 )
 from ppo_ref.adapters.step_types import (
@@ -247,21 +244,27 @@ def step_problems(runner: object) -> list[str]:
     convention = getattr(runner, "truncation_convention", None)  # optional
     if convention is not None and not isinstance(convention, LengthPenalty):
         problems.append(f"truncation_convention: expected a LengthPenalty or None, got {convention!r}")
-    reason = getattr(runner, "truncation_not_provided", None)  # optional
-    if reason is not None:
-        if not isinstance(reason, str) or not reason.strip():
-            problems.append(
-                f"truncation_not_provided: expected a non-empty str (the reason) or None, got {reason!r}"
-            )
-        elif convention is not None or getattr(runner, "truncation_run", None) is not None:
-            problems.append(
-                "truncation_not_provided: declared together with truncation_convention or truncation_run, "
-                "which say the library handles truncation"
-            )
+    problems += _reason_problems(
+        runner,
+        "truncation_not_provided",
+        convention is not None or getattr(runner, "truncation_run", None) is not None,
+        "truncation_convention or truncation_run, which say the library handles truncation",
+    )
     problems += _accumulation_problems(runner)
     problems += _family_problems(runner)
-    problems += sampling_declaration_problems(runner)
+    problems += _sampling_problems(runner)
     return problems
+
+
+def _reason_problems(runner: object, attribute: str, contradicted: bool, by: str) -> list[str]:
+    """The problems of ``runner``'s optional reason ``attribute`` (a ``*_not_provided``): not a
+    non-empty str, or declared where ``contradicted`` (by the declarations ``by`` names)."""
+    reason = getattr(runner, attribute, None)
+    if reason is None:
+        return []
+    if not isinstance(reason, str) or not reason.strip():
+        return [f"{attribute}: expected a non-empty str (the reason) or None, got {reason!r}"]
+    return [f"{attribute}: declared together with {by}"] if contradicted else []
 
 
 def _optional_method(runner: object, method: str, needed: object, needs: str) -> list[str]:
@@ -301,21 +304,37 @@ def _accumulation_problems(runner: object) -> list[str]:
     setting = getattr(runner, "accumulation_setting", None)  # optional
     if setting is not None and (not isinstance(setting, str) or not setting.strip()):
         problems.append(f"accumulation_setting: expected a non-empty str or None, got {setting!r}")
-    run = getattr(runner, "accumulation_run", None)  # optional (also read below)
+    run = getattr(runner, "accumulation_run", None)  # optional
     problems += _optional_method(
         runner, "accumulation_run", setting, "accumulation_setting, the library setting it drives"
     )
-    reason = getattr(runner, "accumulation_not_provided", None)  # optional
-    if reason is not None:
-        if not isinstance(reason, str) or not reason.strip():
-            problems.append(
-                f"accumulation_not_provided: expected a non-empty str (the reason) or None, got {reason!r}"
-            )
-        elif setting is not None or run is not None:
-            problems.append(
-                "accumulation_not_provided: declared together with accumulation_setting or "
-                "accumulation_run, which say the library has an accumulation setting"
-            )
+    problems += _reason_problems(
+        runner,
+        "accumulation_not_provided",
+        setting is not None or run is not None,
+        "accumulation_setting or accumulation_run, which say the library has an accumulation setting",
+    )
+    return problems
+
+
+def _sampling_problems(runner: object) -> list[str]:
+    problems: list[str] = []
+    convention = getattr(runner, "sampling_convention", None)  # optional
+    if convention is not None and convention not in SAMPLING_CONVENTIONS:
+        problems.append(
+            f"sampling_convention: expected one of {', '.join(SAMPLING_CONVENTIONS)} or None, "
+            f"got {convention!r}"
+        )
+    for method in ("sampling_run", "policy_logits"):
+        problems += _optional_method(
+            runner, method, convention, "sampling_convention, the support the library's correction uses"
+        )
+    problems += _reason_problems(
+        runner,
+        "sampling_not_provided",
+        convention is not None,
+        "sampling_convention, which says the library samples with top-k / top-p",
+    )
     return problems
 
 
@@ -352,6 +371,24 @@ def truncation_not_provided(runner: object) -> str | None:
     """The reason ``runner`` gives for its library having no truncation handling of its own (its
     ``truncation_not_provided`` attribute; STEP-5 then reports "not provided"), or None."""
     return _declared_text(runner, "truncation_not_provided")
+
+
+def sampling_convention(runner: object) -> str | None:
+    """The STEP-8 convention ``runner`` declares (its ``sampling_convention`` attribute, one of
+    :data:`SAMPLING_CONVENTIONS`), or None."""
+    convention = getattr(runner, "sampling_convention", None)
+    if convention is not None and convention not in SAMPLING_CONVENTIONS:
+        raise ValueError(
+            f"runner: sampling_convention must be one of {', '.join(SAMPLING_CONVENTIONS)} or None, "
+            f"got {convention!r}"
+        )
+    return convention
+
+
+def sampling_not_provided(runner: object) -> str | None:
+    """The reason ``runner`` gives for its library's rollout having no top-k / top-p (its
+    ``sampling_not_provided`` attribute; STEP-8 then reports "not provided"), or None."""
+    return _declared_text(runner, "sampling_not_provided")
 
 
 def step_runner(adapter: object) -> StepRunner | None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -49,9 +49,6 @@ __all__ = [
     "SampledRollout",
     "kept_set",
     "sampled_rollout",
-    "sampling_convention",
-    "sampling_declaration_problems",
-    "sampling_not_provided",
     "sampling_problems",
 ]
 
@@ -102,9 +99,11 @@ class SampledRollout:
             raise ValueError(f"width: expected an int >= {longest}, got {width!r}")
         out = torch.full((len(self.logprobs), width), fill, dtype=torch.float64)
         for i, (q, p) in enumerate(zip(self.logprobs, self.full_logprobs, strict=True)):
-            mass = [math.exp(a - b) for a, b in zip(p, q, strict=True)]
-            values = {"logprobs": q, "full_logprobs": p, "kept_mass": mass}
-            out[i, : len(q)] = torch.tensor(values[name], dtype=torch.float64)
+            if name == "kept_mass":
+                row: tuple[float, ...] = tuple(math.exp(a - b) for a, b in zip(p, q, strict=True))
+            else:
+                row = q if name == "logprobs" else p
+            out[i, : len(q)] = torch.tensor(row, dtype=torch.float64)
         return out
 
     def kept_counts(self, width: int | None = None) -> Tensor:
@@ -170,6 +169,7 @@ def sampled_rollout(
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise ValueError(f"seed: expected an int, got {seed!r}")
     _check_truncation(top_k, top_p)
+    B, V = template.size, template.vocab_size
     generator = torch.Generator().manual_seed(seed)
     rows: list[list[int]] = [[] for _ in range(template.size)]
     q_rows: list[list[float]] = [[] for _ in rows]
@@ -182,19 +182,11 @@ def sampled_rollout(
         prefix = tuple(
             tuple(row) if i not in open_rows else (*row, _PLACEHOLDER) for i, row in enumerate(rows)
         )
-        logits = logits_of(_with(template, prefix, t + 1))
-        if (
-            not isinstance(logits, Tensor)
-            or logits.dim() != 3
-            or tuple(logits.shape[::2])
-            != (
-                template.size,
-                template.vocab_size,
-            )
-        ):
+        logits = logits_of(replace(template, completions=prefix, budget=t + 1))
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else None
+        if shape is None or len(shape) != 3 or shape[1] <= t or (shape[0], shape[2]) != (B, V):
             raise ValueError(
-                f"logits_of: expected a (B={template.size}, L, V={template.vocab_size}) tensor, got "
-                f"{getattr(logits, 'shape', type(logits).__name__)}"
+                f"logits_of: expected a (B={B}, L > {t}, V={V}) tensor, got {shape or type(logits).__name__}"
             )
         for i in open_rows:
             logp = torch.log_softmax(logits[i, t].double(), dim=-1)
@@ -213,7 +205,7 @@ def sampled_rollout(
             p_rows[i].append(float(logp[token]))
             q_rows[i].append(float(logp[token]) - log_mass)
             kept_rows[i].append(kept)
-    batch = _with(template, tuple(tuple(r) for r in rows), template.budget)
+    batch = replace(template, completions=tuple(tuple(r) for r in rows))
     return SampledRollout(
         batch,
         top_k,
@@ -222,69 +214,6 @@ def sampled_rollout(
         tuple(map(tuple, p_rows)),
         tuple(map(tuple, kept_rows)),
     )
-
-
-def _with(template: StepBatch, completions: tuple[tuple[int, ...], ...], budget: int) -> StepBatch:
-    return StepBatch(
-        template.prompt_ids,
-        completions,
-        template.scores,
-        template.group_size,
-        budget,
-        template.eos_id,
-        template.pad_id,
-        template.vocab_size,
-    )
-
-
-def sampling_convention(runner: object) -> str | None:
-    """The STEP-8 convention ``runner`` declares (its ``sampling_convention`` attribute, one of
-    :data:`SAMPLING_CONVENTIONS`), or None."""
-    convention = getattr(runner, "sampling_convention", None)
-    if convention is not None and convention not in SAMPLING_CONVENTIONS:
-        raise ValueError(
-            f"runner: sampling_convention must be one of {', '.join(SAMPLING_CONVENTIONS)} or None, "
-            f"got {convention!r}"
-        )
-    return convention
-
-
-def sampling_not_provided(runner: object) -> str | None:
-    """The reason ``runner`` gives for its library's rollout having no top-k / top-p (its
-    ``sampling_not_provided`` attribute; STEP-8 then reports "not provided"), or None."""
-    reason = getattr(runner, "sampling_not_provided", None)
-    if reason is not None and (not isinstance(reason, str) or not reason.strip()):
-        raise ValueError(f"runner: sampling_not_provided must be a non-empty str or None, got {reason!r}")
-    return reason
-
-
-def sampling_declaration_problems(runner: object) -> list[str]:
-    """What is wrong with ``runner``'s STEP-8 declarations (part of the step contract)."""
-    problems: list[str] = []
-    convention = getattr(runner, "sampling_convention", None)
-    if convention is not None and convention not in SAMPLING_CONVENTIONS:
-        problems.append(
-            f"sampling_convention: expected one of {', '.join(SAMPLING_CONVENTIONS)} or None, "
-            f"got {convention!r}"
-        )
-    for method in ("sampling_run", "policy_logits"):
-        found = getattr(runner, method, None)
-        if found is not None and not callable(found):
-            problems.append(f"{method}: expected a method or nothing")
-        elif found is not None and convention is None:
-            problems.append(f"{method}: needs sampling_convention, the support the library's correction uses")
-    reason = getattr(runner, "sampling_not_provided", None)
-    if reason is not None:
-        if not isinstance(reason, str) or not reason.strip():
-            problems.append(
-                f"sampling_not_provided: expected a non-empty str (the reason) or None, got {reason!r}"
-            )
-        elif convention is not None:
-            problems.append(
-                "sampling_not_provided: declared together with sampling_convention, which says the "
-                "library samples with top-k / top-p"
-            )
-    return problems
 
 
 def sampling_problems(sampled: SampledRollout, result: StepResult, convention: str) -> tuple[list[str], str]:

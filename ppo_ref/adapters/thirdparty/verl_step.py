@@ -216,6 +216,13 @@ class _Profiler:
         return None
 
 
+def _trainer_config() -> Any:
+    """verl's own trainer config, ``trainer/config/_generated_ppo_trainer.yaml`` (an OmegaConf)."""
+    OmegaConf = importlib.import_module("omegaconf").OmegaConf
+    verl_dir = os.path.dirname(str(importlib.import_module("verl").__file__))
+    return OmegaConf.load(os.path.join(verl_dir, "trainer", "config", "_generated_ppo_trainer.yaml"))
+
+
 class VerlStep:
     """One actor update of verl's trainer on a :class:`StepBatch` (see the module docstring).
 
@@ -394,10 +401,8 @@ class VerlStep:
         the runner's model as the tokenizer, the scores' ``custom_reward_function`` and DAPO's
         ``reward_kwargs`` (``overlong_buffer_cfg`` on when ``overlong``, ``max_resp_len`` the budget),
         set as a DAPO recipe sets them (``+reward.reward_kwargs...``)."""
-        OmegaConf = importlib.import_module("omegaconf").OmegaConf
         open_dict = importlib.import_module("omegaconf").open_dict
-        verl_dir = os.path.dirname(str(importlib.import_module("verl").__file__))
-        config = OmegaConf.load(os.path.join(verl_dir, "trainer", "config", "_generated_ppo_trainer.yaml"))
+        config = _trainer_config()
         score_file = os.path.join(self._dir, "step_scores.py")
         if not os.path.exists(score_file):
             with open(score_file, "w", encoding="utf-8") as handle:
@@ -552,11 +557,7 @@ class VerlStep:
             helper = importlib.import_module("verl.trainer.ppo.rollout_corr_helper")
             width = data.batch["responses"].shape[1]
             data.batch["rollout_log_probs"] = sampled.padded("logprobs", width).float()
-            verl_dir = os.path.dirname(str(importlib.import_module("verl").__file__))
-            trainer_config = OmegaConf.load(
-                os.path.join(verl_dir, "trainer", "config", "_generated_ppo_trainer.yaml")
-            )
-            corr = trainer_config.algorithm.rollout_correction  # what fit() reads, rollout_is set
+            corr = _trainer_config().algorithm.rollout_correction  # what fit() reads, rollout_is set
             corr.rollout_is = "token"
             data, _ = helper.compute_rollout_correction_and_add_to_batch(data, corr)
         data = compute_advantage(data, adv_estimator=AdvantageEstimator.GRPO, num_repeat=batch.group_size)
